@@ -1,0 +1,62 @@
+"""servescope's exceptions: one tree, rooted in ``ServescopeError``.
+
+    ServescopeError
+    ├── StageError (TypeError)          a stage name that is not a non-empty string
+    ├── RecordError (ValueError)        a duration that is negative or not finite
+    ├── ServerTimingError (ValueError)  a malformed ``Server-Timing`` header value
+    ├── ReportError (ValueError)        a report that cannot be read
+    │   └── SchemaError                 a report of an unknown or newer schema
+    ├── ConfigError (ValueError)        a bad keyword argument or CLI option
+    └── MissingDependencyError (ImportError)  an optional extra is not installed
+
+Every message says what happened, why, and what fixes it.
+"""
+
+from __future__ import annotations
+
+
+class ServescopeError(Exception):
+    """Base class of every error servescope raises on purpose."""
+
+
+class StageError(ServescopeError, TypeError):
+    """A stage name was not a non-empty string."""
+
+
+class RecordError(ServescopeError, ValueError):
+    """A duration could not be recorded (negative, NaN or infinite)."""
+
+
+class ServerTimingError(ServescopeError, ValueError):
+    """A ``Server-Timing`` header value was malformed."""
+
+
+class ReportError(ServescopeError, ValueError):
+    """A saved report could not be read."""
+
+
+class SchemaError(ReportError):
+    """A report's schema is unknown or newer than this servescope understands."""
+
+
+class ConfigError(ServescopeError, ValueError):
+    """A configuration value was invalid."""
+
+
+class MissingDependencyError(ServescopeError, ImportError):
+    """An optional integration is used but its package is not installed."""
+
+
+def require(module: str, extra: str, why: str = "") -> object:
+    """Import an optional dependency, or raise an error that names the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        hint = f"pip install 'servescope[{extra}]'"
+        if top == "torch":
+            hint += " (servescope does not pin torch, so your CUDA build stays)"
+        reason = f" {why}" if why else ""
+        raise MissingDependencyError(f"{top} is not installed:{reason} `{hint}`") from exc

@@ -1,0 +1,146 @@
+"""The recorder: finished traces in, per-stage distributions out, one ``Report`` at the end."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from .exceptions import RecordError
+from .report import Report
+from .stats import Distribution
+from .timing import Trace
+
+__all__ = ["Recorder"]
+
+_FOLD_EVERY = 1024
+
+
+class Recorder:
+    """Collects requests' stage durations.
+
+        rec = servescope.Recorder()
+        with servescope.trace(recorder=rec):
+            ...
+        rec.report().save("run.json")
+
+    Successful requests feed ``latency`` and the stage distributions; failed ones (a trace
+    whose block raised, or marked with ``trace.fail``) are counted by kind with their own
+    latency distribution, never mixed with successes. The very first request is kept apart
+    as ``first_ms`` (cold start) and also counted. ``keep_samples`` per-request rows are kept
+    for the report (the first ones); distributions stay exact up to ``exact_limit`` samples,
+    then become a sketch with bounded memory.
+    """
+
+    def __init__(self, *, exact_limit: int = 100_000, keep_samples: int = 10_000) -> None:
+        self.exact_limit = exact_limit
+        self.keep_samples = keep_samples
+        self._latency = Distribution(exact_limit=exact_limit)
+        self._error_latency = Distribution(exact_limit=exact_limit)
+        self._stages: dict[str, Distribution] = {}
+        self.errors: dict[str, int] = {}
+        self.first_ms: float | None = None
+        self.samples: list[dict[str, Any]] = []
+        self._pending: list[tuple[dict[str, int], int, str | None, float | None]] = []
+        self._lock = threading.Lock()
+
+    def record(self, trace: Trace) -> None:
+        """Record a finished trace."""
+        if trace.total_ns is None:
+            raise ValueError("record() takes a finished trace: close it first")
+        self._pending.append((trace.durations_ns, trace.total_ns, trace.error, trace.start_time))
+        if len(self._pending) >= _FOLD_EVERY:
+            self._fold()
+
+    def record_durations(
+        self,
+        durations_ms: Mapping[str, float],
+        total_ms: float,
+        *,
+        error: str | None = None,
+        start_time: float | None = None,
+    ) -> None:
+        """Record one request measured elsewhere (parsed Server-Timing, a load generator)."""
+        # validate everything before touching any distribution, so a bad value loses nothing
+        for name, ms in (("total", total_ms), *durations_ms.items()):
+            if not isinstance(ms, (int, float)) or not (0 <= ms < math.inf):
+                raise RecordError(f"{name}: durations must be finite and >= 0 ms, got {ms!r}; nothing was recorded")
+        durations_ns = {k: round(v * 1e6) for k, v in durations_ms.items()}
+        self._pending.append((durations_ns, round(total_ms * 1e6), error, start_time))
+        if len(self._pending) >= _FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        with self._lock:
+            rows, self._pending = self._pending, []
+            if not rows:
+                return
+            if self.first_ms is None:
+                self.first_ms = rows[0][1] / 1e6
+            room = self.keep_samples - len(self.samples)
+            for durations, total, error, start in rows[: max(room, 0)]:
+                row: dict[str, Any] = {
+                    "t": start,
+                    "total_ms": total / 1e6,
+                    "stages": {k: v / 1e6 for k, v in durations.items()},
+                }
+                if error is not None:
+                    row["error"] = error
+                self.samples.append(row)
+            ok_totals: list[int] = []
+            by_stage: dict[str, list[int]] = {}
+            for durations, total, error, _ in rows:
+                if error is not None:
+                    kind = error.split(":", 1)[0]
+                    self.errors[kind] = self.errors.get(kind, 0) + 1
+                    self._error_latency.add(total / 1e6)
+                    continue
+                ok_totals.append(total)
+                for name, ms in durations.items():
+                    values = by_stage.get(name)
+                    if values is None:
+                        values = by_stage[name] = []
+                    values.append(ms)
+            self._latency.extend(np.asarray(ok_totals, dtype=float) / 1e6)
+            for name, values in by_stage.items():
+                dist = self._stages.get(name)
+                if dist is None:
+                    dist = self._stages[name] = Distribution(exact_limit=self.exact_limit)
+                dist.extend(np.asarray(values, dtype=float) / 1e6)
+
+    def report(self, **meta: Any) -> Report:
+        """A ``Report`` of everything recorded so far; keyword arguments go to ``meta``."""
+        self._fold()
+        with self._lock:
+            return Report.from_distributions(
+                self._latency,
+                dict(self._stages),
+                first_ms=self.first_ms,
+                errors=dict(self.errors),
+                error_latency=self._error_latency if len(self._error_latency) else None,
+                samples=list(self.samples),
+                meta=meta,
+            )
+
+    @property
+    def latency(self) -> Distribution:
+        """End-to-end latency of successful requests (ms)."""
+        self._fold()
+        return self._latency
+
+    @property
+    def stages(self) -> dict[str, Distribution]:
+        """Stage name -> its distribution over successful requests (ms)."""
+        self._fold()
+        return self._stages
+
+    def __len__(self) -> int:
+        """Requests recorded, failed ones included."""
+        self._fold()
+        return len(self._latency) + len(self._error_latency)
+
+    def __repr__(self) -> str:
+        self._fold()
+        return f"<Recorder requests={len(self._latency)} errors={sum(self.errors.values())}>"

@@ -1,0 +1,164 @@
+"""The terminal view: the answer first (baseline p50/p95, the breakdown), then detail."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console, Group
+from rich.padding import Padding
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from ..report import Report
+
+__all__ = ["render_terminal", "stage_label"]
+
+LABELS = {
+    "load": "model loading",
+    "queue": "queueing",
+    "receive": "receive",
+    "validate": "validation",
+    "preprocess": "preprocessing",
+    "to_device": "host->device copy",
+    "infer": "model inference",
+    "to_host": "device->host copy",
+    "postprocess": "postprocessing",
+    "serialize": "serialization",
+    "send": "send",
+    "other": "outside any stage",
+    "network+client": "network + client",
+}
+_SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
+
+
+def stage_label(name: str) -> str:
+    """A stage's name in the problem's words ("infer" -> "model inference")."""
+    return LABELS.get(name, name)
+
+
+def _ms(x: Any) -> str:
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
+
+
+def _headline(report: Report) -> list[Text]:
+    lat = report.latency
+    lines = []
+    title = report.meta.get("title")
+    if title:
+        lines.append(Text(str(title), style="bold"))
+    if not lat.get("count"):
+        lines.append(Text("No successful requests were measured.", style="bold red"))
+    else:
+        t = Text()
+        t.append("Baseline p50 latency: ", style="bold")
+        t.append(f"{_ms(lat['p50_ms'])} ms", style="bold green")
+        t.append(" · p95: ", style="bold")
+        t.append(f"{_ms(lat['p95_ms'])} ms", style="bold yellow")
+        t.append(f" · p99: {_ms(lat['p99_ms'])} ms · max: {_ms(lat['max_ms'])} ms   ({lat['count']} requests)")
+        lines.append(t)
+    tput = report.extra.get("throughput_rps")
+    if tput is not None:
+        lines.append(Text(f"Throughput: {tput:.1f} requests/s"))
+    first = lat.get("first_ms")
+    if first is not None and lat.get("p50_ms"):
+        ratio = first / lat["p50_ms"]
+        lines.append(Text(f"First request: {_ms(first)} ms ({ratio:.1f}x the p50)", style="red" if ratio > 3 else ""))
+    parts = []
+    for name, s in report.stages.items():
+        if s.get("mean_ms") is None:
+            continue
+        share = f" ({s['share'] * 100:.0f}%)" if s.get("share") is not None else ""
+        parts.append(f"{stage_label(name)} {_ms(s['mean_ms'])} ms{share}")
+    if parts:
+        t = Text()
+        t.append("Breakdown (mean per request): ", style="bold")
+        t.append(" · ".join(parts))
+        lines.append(t)
+    if report.errors:
+        n = sum(report.errors.values())
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(report.errors.items(), key=lambda kv: -kv[1]))
+        lines.append(Text(f"Errors: {n} requests failed ({kinds})", style="bold red"))
+    return lines
+
+
+def _stage_table(report: Report) -> Table:
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    table.add_column("stage", no_wrap=True)
+    for col in ("mean", "p50", "p90", "p95", "p99", "max"):
+        table.add_column(f"{col} ms", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("", no_wrap=True)
+    for name, s in report.stages.items():
+        share = s.get("share")
+        bar = "█" * round((share or 0) * 20)
+        table.add_row(
+            stage_label(name),
+            *(_ms(s.get(f"{k}_ms")) for k in ("mean", "p50", "p90", "p95", "p99", "max")),
+            "-" if share is None else f"{share * 100:.1f}%",
+            Text(bar, style="cyan"),
+        )
+    lat = report.latency
+    table.add_row(
+        Text("total", style="bold"),
+        *(_ms(lat.get(f"{k}_ms")) for k in ("mean", "p50", "p90", "p95", "p99", "max")),
+        "",
+        "",
+    )
+    return table
+
+
+def _findings(report: Report) -> list[Any]:
+    out: list[Any] = []
+    findings = report.findings_by_severity()
+    if not findings:
+        if report.meta.get("diagnosed"):
+            out.append(Text("No problems found.", style="bold green"))
+        return out
+    out.append(Text(f"Findings ({len(findings)}), worst first:", style="bold"))
+    for f in findings:
+        head = Text()
+        head.append(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
+        head.append(f" {f.title}  ", style="bold")
+        head.append(f"[{f.id}]", style="dim")
+        if f.saving_ms:
+            head.append(f"  ~{_ms(f.saving_ms)} ms/request to gain", style="green")
+        out.append(head)
+        if f.evidence:
+            ev = " · ".join(f"{k}={v}" for k, v in f.evidence.items())
+            out.append(Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 4)))
+        if f.detail:
+            out.append(Padding(Text(f.detail), (0, 0, 0, 4)))
+        if f.fix:
+            out.append(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default"), (0, 0, 1, 4)))
+    return out
+
+
+def render_terminal(report: Report, *, console: Console | None = None, width: int = 110) -> str:
+    """Print the report to ``console`` (stdout by default) and return it as plain text."""
+    parts: list[Any] = [*_headline(report)]
+    if report.stages:
+        parts += [Text(""), _stage_table(report)]
+    env = report.environment or {}
+    torch = env.get("torch") or {}
+    where = f"Python {env.get('python', '?')}, {env.get('cpus_available', '?')} CPUs"
+    if torch:
+        dev = torch.get("device") or "CPU"
+        where += f", torch {torch.get('version')} on {dev} ({torch.get('num_threads')} threads)"
+    parts.append(Text(where, style="dim"))
+    found = _findings(report)
+    if found:
+        parts += [Text(""), *found]
+    group = Group(*parts)
+    if console is not None:
+        console.print(group)
+    buf = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
+    buf.print(group)
+    return buf.file.getvalue()  # type: ignore[attr-defined]

@@ -1,0 +1,305 @@
+"""The Report: one plain, serializable record of a run, between every part of servescope.
+
+The load generator and the doctor produce it, the rules read it, the renderers format it, and
+``servescope report FILE`` re-renders a saved one offline. Its JSON form is a contract
+(docs/report-schema.md); the top level is:
+
+    schema        "servescope.report/1"
+    created       ISO-8601 time the report was made
+    environment   Python, CPUs, torch and device (see environment.py)
+    latency       end-to-end statistics of successful requests: count, mean_ms, p50_ms, p90_ms,
+                  p95_ms, p99_ms, max_ms, and first_ms when a first request was seen
+    stages        stage name -> the same statistics plus share (of the mean total)
+    findings      [{id, severity, title, evidence, fix, saving_ms, ...}]
+    errors        failed requests by kind -> count
+    distributions "total" and each stage -> the samples or a sketch (how reports combine)
+    samples       per-request rows, when kept
+    meta          what was run: tool, target, options
+    ...           any other key is kept as is (bench adds throughput_rps, uncorrected ...)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import orjson
+
+from .environment import capture_environment
+from .exceptions import ReportError, SchemaError
+from .stats import Distribution, summarize
+from .timing import order_stages
+
+__all__ = ["Finding", "Report", "SCHEMA", "SEVERITIES"]
+
+SCHEMA_NAME = "servescope.report"
+SCHEMA_VERSION = 1
+SCHEMA = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
+#: Worst first.
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+_KNOWN = {
+    "schema",
+    "created",
+    "environment",
+    "latency",
+    "stages",
+    "findings",
+    "errors",
+    "distributions",
+    "samples",
+    "meta",
+}
+
+
+@dataclass
+class Finding:
+    """One diagnosed cause: what, how bad, the numbers that show it, and the fix."""
+
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    saving_ms: float | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ReportError(f"finding {self.id!r}: severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "finding") -> Finding:
+        if not isinstance(data, dict):
+            raise ReportError(f"{where}: expected an object, got {type(data).__name__}")
+        missing = [k for k in ("id", "severity", "title") if k not in data]
+        if missing:
+            raise ReportError(f"{where}: missing {', '.join(missing)}")
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Report:
+    """The result of a run. Build one with ``Recorder.report()`` or ``Report.load(path)``."""
+
+    def __init__(
+        self,
+        *,
+        latency: dict[str, Any],
+        stages: dict[str, dict[str, Any]],
+        findings: Iterable[Finding] = (),
+        environment: dict[str, Any] | None = None,
+        errors: dict[str, int] | None = None,
+        distributions: dict[str, Distribution] | None = None,
+        samples: list[dict[str, Any]] | None = None,
+        meta: dict[str, Any] | None = None,
+        created: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.latency = latency
+        self.stages = stages
+        self.findings = list(findings)
+        self.environment = environment if environment is not None else capture_environment()
+        self.errors = errors or {}
+        self.distributions = distributions or {}
+        self.samples = samples or []
+        self.meta = meta or {}
+        self.created = created or _now()
+        self.extra = extra or {}
+
+    # -- building ----------------------------------------------------------------------------
+    @classmethod
+    def from_distributions(
+        cls,
+        latency: Distribution,
+        stages: dict[str, Distribution],
+        *,
+        first_ms: float | None = None,
+        error_latency: Distribution | None = None,
+        **kwargs: Any,
+    ) -> Report:
+        """Statistics computed from the distributions, which the report keeps for combining."""
+        lat = summarize(latency)
+        if first_ms is not None:
+            lat["first_ms"] = round(first_ms, 4)
+        total_sum = latency.mean() * len(latency) if len(latency) else 0.0
+        stage_stats = {}
+        for name in order_stages(stages):
+            d = stages[name]
+            s = summarize(d)
+            stage_sum = d.mean() * len(d) if len(d) else 0.0
+            s["share"] = round(stage_sum / total_sum, 4) if total_sum > 0 else None
+            stage_stats[name] = s
+        dists = {"total": latency, **{f"stage:{k}": stages[k] for k in stage_stats}}
+        if error_latency is not None:
+            dists["errors"] = error_latency
+        return cls(latency=lat, stages=stage_stats, distributions=dists, **kwargs)
+
+    @property
+    def first_ms(self) -> float | None:
+        return self.latency.get("first_ms")
+
+    def stage_distributions(self) -> dict[str, Distribution]:
+        return {k[6:]: v for k, v in self.distributions.items() if k.startswith("stage:")}
+
+    def findings_by_severity(self) -> list[Finding]:
+        """Findings worst first (then by estimated saving)."""
+        return sorted(self.findings, key=lambda f: (SEVERITIES.index(f.severity), -(f.saving_ms or 0.0)))
+
+    # -- combining ---------------------------------------------------------------------------
+    @classmethod
+    def combine(cls, reports: Iterable[Report], **meta: Any) -> Report:
+        """One report from several runs, merging distributions (percentiles are never averaged)."""
+        reports = list(reports)
+        if not reports:
+            raise ReportError("combine() needs at least one report")
+        for i, r in enumerate(reports):
+            if "total" not in r.distributions:
+                raise ReportError(
+                    f"report {i} keeps no distributions, so its percentiles cannot be merged "
+                    "(averaging percentiles would be wrong): record it again with servescope"
+                )
+        latency = reports[0].distributions["total"]
+        stages: dict[str, Distribution] = {}
+        errs: dict[str, int] = {}
+        err_lat: Distribution | None = None
+        for i, r in enumerate(reports):
+            if i:
+                latency = latency.merge(r.distributions["total"])
+            for name, d in r.stage_distributions().items():
+                stages[name] = stages[name].merge(d) if name in stages else d
+            for kind, n in r.errors.items():
+                errs[kind] = errs.get(kind, 0) + n
+            if "errors" in r.distributions:
+                e = r.distributions["errors"]
+                err_lat = e if err_lat is None else err_lat.merge(e)
+        firsts = [r.first_ms for r in reports if r.first_ms is not None]
+        findings = {(f.id, f.title): f for r in reports for f in r.findings}
+        return cls.from_distributions(
+            latency,
+            stages,
+            first_ms=firsts[0] if firsts else None,
+            error_latency=err_lat,
+            errors=errs,
+            findings=findings.values(),
+            environment=reports[0].environment,
+            samples=[s for r in reports for s in r.samples],
+            meta={"combined": [r.meta for r in reports], **meta},
+        )
+
+    # -- JSON --------------------------------------------------------------------------------
+    def to_dict(self, *, distributions: bool = True, samples: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "created": self.created,
+            "environment": self.environment,
+            "latency": self.latency,
+            "stages": self.stages,
+            "findings": [f.to_dict() for f in self.findings_by_severity()],
+            "errors": self.errors,
+            "meta": self.meta,
+        }
+        out.update(self.extra)
+        if distributions:
+            out["distributions"] = {k: d.to_dict() for k, d in self.distributions.items()}
+        if samples:
+            out["samples"] = self.samples
+        return out
+
+    def to_json(self, *, indent: bool = True, **kwargs: Any) -> str:
+        opts = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 if indent else 0)
+        return orjson.dumps(self.to_dict(**kwargs), option=opts, default=_default).decode()
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report as JSON (atomically: a crash never leaves half a file)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Report:
+        if not isinstance(data, dict):
+            raise ReportError(f"a report is a JSON object, got {type(data).__name__}")
+        _check_schema(data.get("schema"))
+        for key, kind in (("latency", dict), ("stages", dict), ("findings", list)):
+            if not isinstance(data.get(key), kind):
+                raise ReportError(f"report field {key!r} is missing or not a JSON {kind.__name__}")
+        for name, s in data["stages"].items():
+            if not isinstance(s, dict):
+                raise ReportError(f"report field stages.{name} is not an object")
+        dists = data.get("distributions") or {}
+        if not isinstance(dists, dict):
+            raise ReportError("report field 'distributions' is not an object")
+        return cls(
+            latency=data["latency"],
+            stages=data["stages"],
+            findings=[Finding.from_dict(f, where=f"findings[{i}]") for i, f in enumerate(data["findings"])],
+            environment=data.get("environment") or {},
+            errors=data.get("errors") or {},
+            distributions={
+                k: Distribution.from_dict(v, where=f"distributions.{k}") for k, v in dists.items()
+            },
+            samples=data.get("samples") or [],
+            meta=data.get("meta") or {},
+            created=data.get("created"),
+            extra={k: v for k, v in data.items() if k not in _KNOWN},
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "report") -> Report:
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise ReportError(f"{source} is not valid JSON (truncated or corrupt?): {exc}") from None
+        try:
+            return cls.from_dict(data)
+        except ReportError as exc:
+            raise type(exc)(f"{source}: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        path = Path(path)
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise ReportError(f"cannot read report {str(path)!r}: {exc.strerror or exc}") from None
+        return cls.from_json(text, source=str(path))
+
+    def __repr__(self) -> str:
+        lat = self.latency
+        return (
+            f"<Report n={lat.get('count')} p50={lat.get('p50_ms')}ms p95={lat.get('p95_ms')}ms "
+            f"stages={len(self.stages)} findings={len(self.findings)}>"
+        )
+
+
+def _check_schema(schema: Any) -> None:
+    if not isinstance(schema, str) or "/" not in schema:
+        raise SchemaError(f"not a servescope report: 'schema' is {schema!r}, expected {SCHEMA!r}")
+    name, _, version = schema.rpartition("/")
+    if name != SCHEMA_NAME or not version.isdigit():
+        raise SchemaError(f"not a servescope report: schema {schema!r}, expected {SCHEMA!r}")
+    if int(version) > SCHEMA_VERSION:
+        raise SchemaError(
+            f"report schema {schema!r} is newer than this servescope understands ({SCHEMA}): "
+            "`pip install -U servescope`"
+        )
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot serialize {type(obj).__name__} in a report")

@@ -1,0 +1,487 @@
+"""Stage timers: where one request's time goes.
+
+    import servescope
+
+    with servescope.trace() as t:                 # one request
+        with servescope.stage("preprocess"):
+            x = prepare(payload)
+        with servescope.stage("infer"):
+            y = model(x)
+    print(t.durations_ms)                         # {"preprocess": 1.9, "infer": 3.2}
+
+The open trace travels in a ``contextvars`` variable, so helpers, threads started with
+``contextvars.copy_context()`` (or ``asyncio.to_thread``) and asyncio tasks land in the right
+request. Outside a trace, a stage only reads that variable.
+
+Stages nest: a stage's duration is its *self* time (time spent inside it minus the time of
+stages opened inside it), so the durations of one trace add up to at most its total.
+Time spent in no stage is reported as ``other``.
+
+On a GPU, host clocks lie: CUDA kernels are queued, so a host timer around ``model(x)``
+measures the launch and the kernel time lands in the first stage that synchronises.
+``trace(cuda="events")`` records a CUDA event at each boundary and reads them once at the end
+of the request (no sync mid-request); ``cuda="sync"`` synchronises at each boundary (what
+hand-written guides do: right, but it stalls the pipeline). ``cuda="auto"`` (the default)
+picks ``events`` once CUDA is initialised in the process and plain host clocks otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import sys
+import time
+from contextvars import ContextVar
+from typing import Any, Callable, Literal, Protocol, TypeVar
+
+from .exceptions import ConfigError, RecordError, StageError
+
+__all__ = [
+    "CANONICAL_STAGES",
+    "STAGE_ORDER",
+    "Clock",
+    "CudaEventClock",
+    "SyncClock",
+    "Stage",
+    "Trace",
+    "WallClock",
+    "current_trace",
+    "stage",
+    "trace",
+]
+
+#: The request's path, in order.
+CANONICAL_STAGES = (
+    "receive",
+    "validate",
+    "preprocess",
+    "to_device",
+    "infer",
+    "to_host",
+    "postprocess",
+    "serialize",
+    "send",
+)
+#: The order reports use: model loading and queueing first, then the request's path.
+STAGE_ORDER = ("load", "queue", *CANONICAL_STAGES)
+#: The name under which a trace's time spent outside every stage is reported.
+OTHER = "other"
+
+CudaMode = Literal["auto", "events", "sync", "wall"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stage_sort_key(order: dict[str, int]) -> Callable[[str], tuple[int, int]]:
+    """Sort key: canonical stages in path order, then others as first seen, ``other`` last."""
+    rank = {name: i for i, name in enumerate(STAGE_ORDER)}
+
+    def key(name: str) -> tuple[int, int]:
+        if name == OTHER:
+            return (2, 0)
+        if name in rank:
+            return (0, rank[name])
+        return (1, order.get(name, len(order)))
+
+    return key
+
+
+def order_stages(names: Any) -> list[str]:
+    """Stage names in report order (canonical first, then in the order given, ``other`` last)."""
+    names = list(dict.fromkeys(names))
+    seen = {name: i for i, name in enumerate(names)}
+    return sorted(names, key=stage_sort_key(seen))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clocks: how a boundary is marked and how marks become nanoseconds.
+
+
+class Clock(Protocol):
+    """Marks stage boundaries; turns marks into nanoseconds since the trace's first mark."""
+
+    name: str
+
+    def mark(self) -> Any: ...
+
+    def resolve(self, start: Any, marks: list[Any]) -> list[int]: ...
+
+
+class WallClock:
+    """Host time (``time.perf_counter_ns``). Right for CPU work; blind to queued CUDA kernels.
+
+    Pass another ``now`` (a callable returning integer nanoseconds) to drive it by hand in tests.
+    """
+
+    name = "wall"
+
+    def __init__(self, now: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.mark = now
+
+    def resolve(self, start: int, marks: list[int]) -> list[int]:
+        return [m - start for m in marks]
+
+    def __repr__(self) -> str:
+        return "WallClock()"
+
+
+class SyncClock(WallClock):
+    """Host time taken after a device synchronisation at every boundary.
+
+    Right on a GPU, but each boundary stalls the host until all queued work is done, so the
+    pipeline loses its overlap: use it to check, not in production.
+    """
+
+    name = "sync"
+
+    def __init__(
+        self,
+        synchronize: Callable[[], None] | None = None,
+        now: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        if synchronize is None:
+            import torch
+
+            synchronize = torch.cuda.synchronize
+        self._synchronize = synchronize
+        self._now = now
+
+        def mark() -> int:
+            self._synchronize()
+            return self._now()
+
+        self.mark = mark
+
+    def __repr__(self) -> str:
+        return "SyncClock()"
+
+
+class CudaEventClock:
+    """CUDA events recorded on the current stream at each boundary, resolved once at the end.
+
+    Each stage is charged with the stream's progress between its boundaries, so kernel time
+    lands in the stage that launched it, and the request is never stalled mid-way.
+    ``event`` is a factory of objects with ``record()``, ``synchronize()`` and
+    ``elapsed_time(other) -> ms`` (``torch.cuda.Event`` by default; a fake in tests).
+    """
+
+    name = "events"
+
+    def __init__(self, event: Callable[..., Any] | None = None) -> None:
+        if event is None:
+            import torch
+
+            event = torch.cuda.Event
+        self._event = event
+
+    def mark(self) -> Any:
+        ev = self._event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def resolve(self, start: Any, marks: list[Any]) -> list[int]:
+        out = []
+        for ev in marks:
+            ev.synchronize()  # a no-op for all but the latest: the stream runs in order
+            out.append(round(start.elapsed_time(ev) * 1e6))
+        return out
+
+    def __repr__(self) -> str:
+        return "CudaEventClock()"
+
+
+_WALL = WallClock()
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:  # never imported: CUDA cannot be in use, and we do not import it
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # a half-imported or stub torch must not break the user's request
+        return False
+
+
+def resolve_clock(cuda: str, clock: Clock | None) -> Clock:
+    """The clock a trace uses for the given ``cuda`` mode."""
+    if clock is not None:
+        return clock
+    if cuda == "wall":
+        return _WALL
+    if cuda == "auto":
+        return CudaEventClock() if _cuda_initialized() else _WALL
+    if cuda == "events":
+        return CudaEventClock()
+    if cuda == "sync":
+        return SyncClock()
+    raise ConfigError(f"cuda must be 'auto', 'events', 'sync' or 'wall', not {cuda!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Spans and traces.
+#
+# An open span is a list [name, start, end, parent, trace, token, child_ns]: lists are the
+# cheapest mutable record in CPython, and this is the hot path. The current span (the trace's
+# root when no stage is open) lives in one ContextVar; stage objects are shared per name and
+# keep no state, so `stage("infer")` allocates nothing but the span.
+
+_NAME, _START, _END, _PARENT, _TRACE, _TOKEN, _CHILD = range(7)
+_current: ContextVar[list[Any] | None] = ContextVar("servescope_current_span", default=None)
+
+
+def current_trace() -> Trace | None:
+    """The trace open in this context, or ``None``."""
+    span = _current.get()
+    return None if span is None else span[_TRACE]
+
+
+def _bad_name(name: object) -> StageError:
+    return StageError(
+        f"a stage name must be a non-empty string, got {name!r}; "
+        f"use one of {', '.join(STAGE_ORDER)} or a name of your own"
+    )
+
+
+class Stage:
+    """A named stage: a context manager and a decorator. Get one with ``servescope.stage(name)``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        if type(name) is not str or not name:
+            raise _bad_name(name)
+        self.name = name
+
+    def __enter__(self) -> Stage:
+        parent = _current.get()
+        if parent is not None:
+            tr = parent[_TRACE]
+            span = [self.name, tr._mark(), None, parent, tr, None, 0]
+            tr._spans.append(span)
+            span[_TOKEN] = _current.set(span)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        span = _current.get()
+        if span is not None and span[_NAME] is self.name:
+            span[_END] = span[_TRACE]._mark()
+            _current.reset(span[_TOKEN])
+
+    async def __aenter__(self) -> Stage:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
+
+    def __call__(self, fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        if not callable(fn):
+            raise StageError(f"stage({self.name!r}) decorates a function, got {fn!r}")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"stage({self.name!r})"
+
+
+_STAGES: dict[str, Stage] = {}
+
+
+def stage(name: str) -> Stage:
+    """Time a block or a function as one stage of the current request.
+
+        with servescope.stage("infer"):
+            y = model(x)
+
+        @servescope.stage("preprocess")
+        async def prepare(payload): ...
+
+    Outside a trace it records nothing and never fails. Stage objects hold no state (the
+    open span lives in the context), so one may be shared, nested and used from many tasks.
+    """
+    s = _STAGES.get(name)  # type: ignore[arg-type]
+    if s is None:
+        if type(name) is not str or not name:  # checked before hashing: lists are unhashable
+            raise _bad_name(name)
+        s = _STAGES[name] = Stage(name)
+    return s
+
+
+class Trace:
+    """One request's stages. Use ``servescope.trace()`` to open one.
+
+    After the trace closes: ``durations_ms`` (stage -> self time, report order, ``other`` for
+    time outside every stage), ``total_ms``, ``error`` (``"TypeName: message"`` when the block
+    raised) and ``start_time`` (epoch seconds).
+    """
+
+    __slots__ = (
+        "clock",
+        "recorder",
+        "_mark",
+        "_spans",
+        "_root",
+        "_token",
+        "_added",
+        "durations_ns",
+        "total_ns",
+        "error",
+        "start_time",
+        "open_stages",
+    )
+
+    def __init__(
+        self,
+        *,
+        cuda: CudaMode = "auto",
+        clock: Clock | None = None,
+        recorder: Any = None,
+    ) -> None:
+        if clock is None and cuda == "auto" and "torch" not in sys.modules:
+            clock = _WALL  # the common CPU case, decided without a call
+        self.clock = clock = resolve_clock(cuda, clock)
+        self.recorder = recorder
+        self._mark = clock.mark
+        self._spans: list[list[Any]] = []
+        self._root: list[Any] | None = None
+        self._added: list[tuple[str, int]] = []
+        self.durations_ns: dict[str, int] = {}
+        self.total_ns: int | None = None
+        self.error: str | None = None
+        self.open_stages = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Trace:
+        """Open the trace in the current context (``with`` does this for you)."""
+        if self._root is not None:
+            raise ConfigError("this trace was already started: open a new servescope.trace() per request")
+        self.start_time = time.time()
+        self._root = [None, self._mark(), None, None, self, None, 0]
+        self._token = _current.set(self._root)
+        return self
+
+    def finish(self, error: BaseException | None = None) -> Trace:
+        """Close the trace, resolve its clocks, and hand it to its recorder if it has one."""
+        root = self._root
+        if root is None:
+            raise ConfigError("this trace was never started: use `with servescope.trace():`")
+        if root[_END] is not None:
+            return self
+        root[_END] = self._mark()
+        _current.reset(self._token)
+        root[_TRACE] = None  # break the trace <-> root cycle: freed by refcount, not the GC
+        if error is not None and self.error is None:
+            self.error = f"{type(error).__name__}: {error}"
+        self._resolve()
+        if self.recorder is not None:
+            self.recorder.record(self)
+        return self
+
+    __enter__ = start
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.finish(exc)
+
+    async def __aenter__(self) -> Trace:
+        return self.start()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.finish(exc)
+
+    # -- adding time measured elsewhere ------------------------------------------------------
+    def add(self, name: str, duration_ms: float) -> None:
+        """Add a stage measured elsewhere (a batcher's queue wait, a parsed Server-Timing entry).
+
+        It counts in ``durations_ms``; it is not subtracted from any enclosing stage.
+        """
+        if type(name) is not str or not name:
+            raise _bad_name(name)
+        if not isinstance(duration_ms, (int, float)) or not math.isfinite(duration_ms) or duration_ms < 0:
+            raise RecordError(
+                f"stage {name!r}: a duration must be a finite number of milliseconds >= 0, "
+                f"got {duration_ms!r}"
+            )
+        ns = round(duration_ms * 1e6)
+        if self.total_ns is None:
+            self._added.append((name, ns))
+        else:  # already resolved: add straight to the result
+            self.durations_ns[name] = self.durations_ns.get(name, 0) + ns
+
+    def fail(self, error: BaseException | str) -> None:
+        """Mark the request as failed (the report keeps failures apart from successes)."""
+        self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+
+    # -- results -----------------------------------------------------------------------------
+    def _resolve(self) -> None:
+        root = self._root
+        assert root is not None  # guarded by finish()
+        spans = self._spans
+        if self.clock.name != "wall":  # turn marks into ns offsets first
+            closed = [sp for sp in spans if sp[_END] is not None]
+            marks = [root[_START], root[_END]]
+            for sp in closed:
+                marks += (sp[_START], sp[_END])
+            ns = self.clock.resolve(root[_START], marks)
+            root[_START], root[_END] = ns[0], ns[1]
+            for i, sp in enumerate(closed):
+                sp[_START], sp[_END] = ns[2 * i + 2], ns[2 * i + 3]
+        out: dict[str, int] = {}
+        open_stages = 0
+        # children open after their parent: walking backwards, a span's children are done
+        for sp in reversed(spans):
+            end = sp[_END]
+            if end is None:
+                open_stages += 1
+                continue
+            d = end - sp[_START]
+            if d < 0:
+                d = 0
+            sp[_PARENT][_CHILD] += d
+            # concurrent children can overlap their parent's whole span: never below zero
+            own = d - sp[_CHILD]
+            name = sp[_NAME]
+            out[name] = out.get(name, 0) + (own if own > 0 else 0)
+        for name, d in self._added:
+            out[name] = out.get(name, 0) + d
+        self.total_ns = total = max(root[_END] - root[_START], 0)
+        rest = total - root[_CHILD]
+        if rest > 0:
+            out[OTHER] = rest
+        self.durations_ns = out
+        self.open_stages = open_stages
+        self._spans = []  # free the marks (CUDA events hold device resources)
+
+    @property
+    def durations_ms(self) -> dict[str, float]:
+        """Stage -> milliseconds, in report order."""
+        d = self.durations_ns
+        return {k: d[k] / 1e6 for k in order_stages(d)}
+
+    @property
+    def total_ms(self) -> float | None:
+        return None if self.total_ns is None else self.total_ns / 1e6
+
+    def __repr__(self) -> str:
+        if self.total_ns is None:
+            return f"<Trace open clock={self.clock.name}>"
+        stages = ", ".join(f"{k}={v:.3f}" for k, v in self.durations_ms.items())
+        return f"<Trace total={self.total_ns / 1e6:.3f}ms {stages}>"
+
+
+#: ``servescope.trace(cuda=..., clock=..., recorder=...)`` opens a trace for one request:
+#: ``with servescope.trace() as t: ...`` (the class itself: one call less per request).
+trace = Trace

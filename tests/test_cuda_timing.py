@@ -1,0 +1,60 @@
+"""GPU timing on a simulated stream: why host clocks lie, and how events and sync fix it."""
+
+from __future__ import annotations
+
+import pytest
+
+from servescope import CudaEventClock, SyncClock, WallClock, stage, trace
+
+
+def request(gpu) -> None:
+    """preprocess on CPU (1 ms), a 5 ms kernel launched in infer, then a copy back (.cpu())."""
+    with stage("preprocess"):
+        gpu.cpu(1)
+    with stage("infer"):
+        gpu.launch(5)  # returns after queueing the kernel
+    with stage("to_host"):
+        gpu.synchronize()  # .cpu() waits for the kernel...
+        gpu.cpu(0.1)  # ...then copies
+
+
+def test_host_clock_blames_the_stage_that_synchronises(gpu):
+    with trace(clock=WallClock(gpu.now)) as t:
+        request(gpu)
+    assert t.durations_ms["infer"] == pytest.approx(0.01)
+    assert t.durations_ms["to_host"] == pytest.approx(5.09)
+
+
+def test_cuda_events_charge_kernels_to_the_stage_that_launched_them(gpu):
+    with trace(clock=CudaEventClock(event=gpu.event)) as t:
+        request(gpu)
+        syncs_during_request = gpu.syncs
+    assert syncs_during_request == 1  # only the user's own .cpu(): no stall added mid-request
+    assert t.durations_ms["preprocess"] == pytest.approx(1.0)
+    assert t.durations_ms["infer"] == pytest.approx(5.0, abs=0.011)
+    assert t.durations_ms["to_host"] == pytest.approx(0.1)
+    assert t.total_ms == pytest.approx(6.1, abs=0.02)
+
+
+def test_sync_mode_is_right_too_but_synchronises_at_every_boundary(gpu):
+    with trace(clock=SyncClock(synchronize=gpu.synchronize, now=gpu.now)) as t:
+        request(gpu)
+    assert t.durations_ms["infer"] == pytest.approx(5.0)
+    assert t.durations_ms["to_host"] == pytest.approx(0.1)
+    assert gpu.syncs >= 7  # one per boundary plus the user's
+
+
+def test_events_mode_resolves_once_at_the_end(gpu):
+    events = []
+
+    def event(enable_timing=False):
+        ev = gpu.event(enable_timing)
+        events.append(ev)
+        return ev
+
+    with trace(clock=CudaEventClock(event=event)):
+        with stage("infer"):
+            gpu.launch(2)
+        assert gpu.syncs == 0
+    assert len(events) == 4  # trace start/end + stage start/end
+    assert gpu.syncs >= 1

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import servescope
+from servescope import Finding, Recorder, Report, ReportError, SchemaError, WallClock, stage, trace
+from servescope.renderers import render_terminal
+
+
+def make_report(clock, n=20, infer_ms=3.0, **meta) -> Report:
+    rec = Recorder()
+    for i in range(n):
+        with trace(clock=WallClock(clock.now), recorder=rec):
+            with stage("preprocess"):
+                clock.advance(1 + i % 2)
+            with stage("infer"):
+                clock.advance(infer_ms)
+    return rec.report(**meta)
+
+
+def test_report_has_the_documented_top_level(clock):
+    data = json.loads(make_report(clock).to_json())
+    assert data["schema"] == "servescope.report/1"
+    for key in ("environment", "latency", "stages", "findings"):
+        assert key in data
+    assert set(data["latency"]) >= {"count", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "first_ms"}
+    assert data["stages"]["infer"]["share"] == pytest.approx(3 / 4.5, abs=1e-3)
+    assert data["environment"]["python"]
+
+
+def test_statistics_are_right(clock):
+    r = make_report(clock)
+    assert r.latency["count"] == 20
+    assert r.latency["p50_ms"] == pytest.approx(4.5)
+    assert r.latency["max_ms"] == pytest.approx(5.0)
+    assert r.latency["first_ms"] == pytest.approx(4.0)
+    assert r.stages["preprocess"]["mean_ms"] == pytest.approx(1.5)
+    assert list(r.stages) == ["preprocess", "infer"]
+
+
+def test_failed_requests_are_kept_apart(clock):
+    rec = Recorder()
+    for fail in (False, True, True):
+        with pytest.raises(ValueError) if fail else _nothing():
+            with trace(clock=WallClock(clock.now), recorder=rec):
+                clock.advance(100 if fail else 1)
+                if fail:
+                    raise ValueError("bad payload")
+    r = rec.report()
+    assert r.errors == {"ValueError": 2}
+    assert r.latency["count"] == 1 and r.latency["max_ms"] == pytest.approx(1)
+    assert len(r.distributions["errors"]) == 2
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_round_trip_save_and_load(tmp_path, clock):
+    r = make_report(clock, tool="test")
+    r.findings.append(Finding("grad-enabled", "medium", "autograd is on", {"ratio": 1.3}, "use inference_mode"))
+    r.extra["throughput_rps"] = 123.4
+    path = r.save(tmp_path / "run.json")
+    back = Report.load(path)
+    assert back.latency == r.latency
+    assert back.stages == r.stages
+    assert back.findings == r.findings
+    assert back.meta == {"tool": "test"}
+    assert back.extra["throughput_rps"] == 123.4
+    assert back.distributions["total"].percentile(50) == r.distributions["total"].percentile(50)
+    assert json.loads(back.to_json()) == json.loads(r.to_json())
+
+
+def test_combine_merges_distributions_not_percentiles(clock):
+    a = make_report(clock, n=30, infer_ms=1.0)
+    b = make_report(clock, n=10, infer_ms=20.0)
+    c = Report.combine([a, b])
+    allv = np.concatenate([a.distributions["total"].values(), b.distributions["total"].values()])
+    assert c.latency["count"] == 40
+    assert c.latency["p95_ms"] == pytest.approx(np.percentile(allv, 95))
+    assert c.latency["p95_ms"] != pytest.approx((a.latency["p95_ms"] + b.latency["p95_ms"]) / 2)
+    assert c.stages["infer"]["count"] == 40
+
+
+def test_combine_refuses_reports_without_distributions(clock):
+    r = make_report(clock)
+    bare = Report.from_dict(r.to_dict(distributions=False))
+    with pytest.raises(ReportError, match="averaging percentiles would be wrong"):
+        Report.combine([r, bare])
+
+
+def test_truncated_file_is_a_clear_error(tmp_path, clock):
+    path = make_report(clock).save(tmp_path / "run.json")
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(ReportError, match="not valid JSON.*truncated"):
+        Report.load(path)
+
+
+def test_newer_schema_is_refused_with_the_fix(clock):
+    data = make_report(clock).to_dict()
+    data["schema"] = "servescope.report/2"
+    with pytest.raises(SchemaError, match="newer than this servescope.*pip install -U servescope"):
+        Report.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.pop("stages"), "'stages' is missing"),
+        (lambda d: d.update(schema="other/1"), "not a servescope report"),
+        (lambda d: d["findings"].append({"id": "x"}), r"findings\[0\]: missing severity, title"),
+        (lambda d: d["distributions"].update(total={"kind": "exact", "values_ms": [-1]}), "distributions.total"),
+    ],
+)
+def test_malformed_reports_say_where(clock, mutate, match):
+    data = make_report(clock).to_dict()
+    mutate(data)
+    with pytest.raises(ReportError, match=match):
+        Report.from_dict(data)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ReportError, match="cannot read report"):
+        Report.load(tmp_path / "nope.json")
+
+
+def test_terminal_view_leads_with_the_answer(clock):
+    r = make_report(clock)
+    r.findings.append(Finding("training-mode", "high", "model in training mode", fix="model.eval()", saving_ms=1.2))
+    text = render_terminal(r)
+    lines = text.splitlines()
+    assert lines[0].startswith("Baseline p50 latency: 4.50 ms · p95: 5.00 ms")
+    assert "Breakdown (mean per request): preprocessing 1.50 ms (33%) · model inference 3.00 ms (67%)" in text
+    assert "HIGH" in text and "model.eval()" in text and "[training-mode]" in text
+
+
+def test_environment_names_torch_when_imported():
+    import torch  # noqa: F401
+
+    env = servescope.report.capture_environment()
+    assert env["torch"]["version"] == torch.__version__
+    assert env["cpus_available"] >= 1

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import pytest
+
+import servescope
+from servescope import StageError, WallClock, stage, trace
+from servescope.exceptions import ConfigError, RecordError
+
+
+def test_stages_time_their_blocks_and_the_rest_is_other(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        with stage("validate"):
+            clock.advance(0.04)
+        with stage("preprocess"):
+            clock.advance(1.9)
+        clock.advance(0.5)  # outside any stage
+        with stage("infer"):
+            clock.advance(3.2)
+    assert t.durations_ms == pytest.approx({"validate": 0.04, "preprocess": 1.9, "infer": 3.2, "other": 0.5})
+    assert t.total_ms == pytest.approx(5.64)
+    assert list(t.durations_ms) == ["validate", "preprocess", "infer", "other"]
+
+
+def test_durations_follow_the_request_path_not_the_call_order(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        for name in ("serialize", "custom", "infer", "load"):
+            with stage(name):
+                clock.advance(1)
+    assert list(t.durations_ms) == ["load", "infer", "serialize", "custom"]
+
+
+def test_nested_stage_time_is_not_counted_twice(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        with stage("preprocess"):
+            clock.advance(1)
+            with stage("to_device"):
+                clock.advance(2)
+            clock.advance(1)
+    assert t.durations_ms == pytest.approx({"preprocess": 2.0, "to_device": 2.0})
+    assert sum(t.durations_ms.values()) == pytest.approx(t.total_ms)
+
+
+def test_repeated_stage_names_add_up(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        for _ in range(3):
+            with stage("infer"):
+                clock.advance(1.5)
+    assert t.durations_ms == {"infer": pytest.approx(4.5)}
+
+
+def test_decorator_on_sync_and_async_functions(clock):
+    @stage("preprocess")
+    def prep(x):
+        clock.advance(2)
+        return x + 1
+
+    @stage("infer")
+    async def infer(x):
+        clock.advance(3)
+        await asyncio.sleep(0)
+        return x * 2
+
+    assert prep.__name__ == "prep"
+
+    async def handler():
+        with trace(clock=WallClock(clock.now)) as t:
+            y = await infer(prep(1))
+        return t, y
+
+    t, y = asyncio.run(handler())
+    assert y == 4
+    assert t.durations_ms == pytest.approx({"preprocess": 2.0, "infer": 3.0})
+
+
+def test_async_with_form(clock):
+    async def handler():
+        async with trace(clock=WallClock(clock.now)) as t:
+            async with stage("infer"):
+                clock.advance(1)
+        return t
+
+    assert asyncio.run(handler()).durations_ms == {"infer": pytest.approx(1.0)}
+
+
+def test_outside_a_trace_stages_record_nothing_and_never_fail():
+    assert servescope.current_trace() is None
+    with stage("infer") as s:
+        pass
+    assert s.name == "infer"
+
+    @stage("postprocess")
+    def f():
+        return 42
+
+    assert f() == 42
+
+
+def test_stage_in_a_thread_started_with_the_context_lands_in_the_request(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        ctx = contextvars.copy_context()
+
+        def work():
+            with stage("preprocess"):
+                clock.advance(2)
+
+        th = threading.Thread(target=ctx.run, args=(work,))
+        th.start()
+        th.join()
+    assert t.durations_ms["preprocess"] == pytest.approx(2.0)
+
+
+def test_thread_without_the_context_does_not_leak_into_the_request(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        th = threading.Thread(target=lambda: stage("stray").__enter__())
+        th.start()
+        th.join()
+    assert "stray" not in t.durations_ms
+
+
+def test_to_thread_and_tasks_carry_the_trace(clock):
+    async def handler():
+        with trace(clock=WallClock(clock.now)) as t:
+
+            def blocking():
+                with stage("infer"):
+                    clock.advance(4)
+
+            await asyncio.to_thread(blocking)
+
+            async def post():
+                with stage("postprocess"):
+                    clock.advance(1)
+
+            await asyncio.create_task(post())
+        return t
+
+    t = asyncio.run(handler())
+    assert t.durations_ms == pytest.approx({"infer": 4.0, "postprocess": 1.0})
+
+
+def test_concurrent_requests_keep_their_own_stages():
+    async def request(name: str, delay: float):
+        with trace() as t:
+            with stage(name):
+                await asyncio.sleep(delay)
+        return t
+
+    async def main():
+        return await asyncio.gather(request("a", 0.01), request("b", 0.0), request("c", 0.005))
+
+    ta, tb, tc = asyncio.run(main())
+    assert set(ta.durations_ms) - {"other"} == {"a"}
+    assert set(tb.durations_ms) - {"other"} == {"b"}
+    assert set(tc.durations_ms) - {"other"} == {"c"}
+    assert servescope.current_trace() is None
+
+
+def test_the_trace_records_the_error_and_reraises(clock):
+    with pytest.raises(KeyError):
+        with trace(clock=WallClock(clock.now)) as t:
+            with stage("validate"):
+                clock.advance(1)
+                raise KeyError("text")
+    assert t.error == "KeyError: 'text'"
+    assert t.durations_ms == {"validate": pytest.approx(1.0)}
+    assert servescope.current_trace() is None
+
+
+def test_a_trace_hands_itself_to_its_recorder(clock):
+    rec = servescope.Recorder()
+    with trace(clock=WallClock(clock.now), recorder=rec):
+        with stage("infer"):
+            clock.advance(2)
+    assert len(rec.latency) == 1
+    assert rec.stages["infer"].values().tolist() == [2.0]
+
+
+@pytest.mark.parametrize("bad", [None, 3, "", b"infer"])
+def test_a_stage_name_must_be_a_non_empty_string(bad):
+    with pytest.raises(StageError, match="stage name must be a non-empty string"):
+        stage(bad)
+
+
+def test_add_takes_time_measured_elsewhere_and_rejects_bad_durations(clock):
+    with trace(clock=WallClock(clock.now)) as t:
+        t.add("queue", 2.5)
+        with pytest.raises(RecordError, match="'queue'.*-1"):
+            t.add("queue", -1)
+        with pytest.raises(RecordError):
+            t.add("queue", float("nan"))
+        clock.advance(1)
+    assert t.durations_ms["queue"] == pytest.approx(2.5)  # the good value survived
+
+
+def test_a_trace_cannot_start_twice_or_finish_unstarted():
+    t = trace()
+    with pytest.raises(ConfigError, match="never started"):
+        t.finish()
+    with t:
+        pass
+    with pytest.raises(ConfigError, match="already started"):
+        t.start()
+
+
+def test_unknown_cuda_mode_is_a_clear_error():
+    with pytest.raises(ConfigError, match="cuda must be"):
+        trace(cuda="fast")  # type: ignore[arg-type]
+
+
+def test_auto_mode_uses_host_clock_when_cuda_is_not_initialized():
+    with trace() as t:
+        pass
+    assert t.clock.name == "wall"
