@@ -358,6 +358,7 @@ class Trace:
         self._mark = clock.mark
         self._spans: list[list[Any]] = []
         self._root: list[Any] | None = None
+        self._token: Any = None
         self._added: list[tuple[str, int]] = []
         self.durations_ns: dict[str, int] = {}
         self.total_ns: int | None = None
@@ -374,21 +375,43 @@ class Trace:
         self._token = _current.set(self._root)
         return self
 
-    def finish(self, error: BaseException | None = None) -> Trace:
-        """Close the trace, resolve its clocks, and hand it to its recorder if it has one."""
+    def stop(self, error: BaseException | None = None) -> Trace:
+        """End the request's clock now (its response is out), resolve, and hand it to the recorder.
+
+        The trace stays attached to its context until ``detach()``; ``finish()`` does both.
+        """
         root = self._root
         if root is None:
             raise ConfigError("this trace was never started: use `with servescope.trace():`")
         if root[_END] is not None:
             return self
         root[_END] = self._mark()
-        _current.reset(self._token)
-        root[_TRACE] = None  # break the trace <-> root cycle: freed by refcount, not the GC
         if error is not None and self.error is None:
             self.error = f"{type(error).__name__}: {error}"
         self._resolve()
+        if self._token is None:
+            root[_TRACE] = None  # break the trace <-> root cycle: freed by refcount, not the GC
         if self.recorder is not None:
             self.recorder.record(self)
+        return self
+
+    def detach(self) -> None:
+        """Stop stages opened later in this context from landing in this trace."""
+        token, self._token = self._token, None
+        if token is None:
+            return
+        try:
+            _current.reset(token)
+        except ValueError:  # called from another context: that context holds its own value
+            pass
+        root = self._root
+        if root is not None and root[_END] is not None:
+            root[_TRACE] = None
+
+    def finish(self, error: BaseException | None = None) -> Trace:
+        """Close the trace: ``stop()`` then ``detach()``."""
+        self.stop(error)
+        self.detach()
         return self
 
     __enter__ = start
@@ -426,28 +449,42 @@ class Trace:
         self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
     # -- results -----------------------------------------------------------------------------
-    def _resolve(self) -> None:
+    def _closed_ns(self) -> tuple[list[list[Any]], list[int], list[int]]:
+        """The closed spans, with their start and end in ns since the trace began."""
         root = self._root
-        assert root is not None  # guarded by finish()
-        spans = self._spans
-        if self.clock.name != "wall":  # turn marks into ns offsets first
-            closed = [sp for sp in spans if sp[_END] is not None]
-            marks = [root[_START], root[_END]]
-            for sp in closed:
-                marks += (sp[_START], sp[_END])
-            ns = self.clock.resolve(root[_START], marks)
-            root[_START], root[_END] = ns[0], ns[1]
-            for i, sp in enumerate(closed):
-                sp[_START], sp[_END] = ns[2 * i + 2], ns[2 * i + 3]
+        assert root is not None  # guarded by the callers
+        closed = [sp for sp in self._spans if sp[_END] is not None]
+        if self.clock.name == "wall":
+            base = root[_START]
+            return closed, [sp[_START] - base for sp in closed], [sp[_END] - base for sp in closed]
+        marks = []
+        for sp in closed:
+            marks += (sp[_START], sp[_END])
+        ns = self.clock.resolve(root[_START], marks)
+        return closed, ns[0::2], ns[1::2]
+
+    def _self_times(self, *, release: bool = False) -> tuple[dict[str, int], int, int]:
+        """Stage -> self time (ns) of the closed spans, the time top-level stages cover, and
+        how many spans are closed.
+
+        ``release`` drops each closed span's reference to the trace (at stop), so a finished
+        trace holds no reference cycle and is freed without the garbage collector.
+        """
+        if self.clock.name == "wall":  # marks are ns already: the hot path, no copies
+            closed = [sp for sp in self._spans if sp[_END] is not None]
+            starts = ends = None
+        else:
+            closed, starts, ends = self._closed_ns()
+        root = self._root
+        assert root is not None  # guarded by the callers
+        root[_CHILD] = 0
+        for sp in self._spans:  # a header may have summed them once already
+            sp[_CHILD] = 0
         out: dict[str, int] = {}
-        open_stages = 0
         # children open after their parent: walking backwards, a span's children are done
-        for sp in reversed(spans):
-            end = sp[_END]
-            if end is None:
-                open_stages += 1
-                continue
-            d = end - sp[_START]
+        for i in range(len(closed) - 1, -1, -1):
+            sp = closed[i]
+            d = sp[_END] - sp[_START] if starts is None else ends[i] - starts[i]  # type: ignore[index]
             if d < 0:
                 d = 0
             sp[_PARENT][_CHILD] += d
@@ -455,15 +492,47 @@ class Trace:
             own = d - sp[_CHILD]
             name = sp[_NAME]
             out[name] = out.get(name, 0) + (own if own > 0 else 0)
+            if release:
+                sp[_TRACE] = None
         for name, d in self._added:
             out[name] = out.get(name, 0) + d
-        self.total_ns = total = max(root[_END] - root[_START], 0)
-        rest = total - root[_CHILD]
-        if rest > 0:
-            out[OTHER] = rest
+        return out, root[_CHILD], len(closed)
+
+    def _resolve(self) -> None:
+        root = self._root
+        assert root is not None  # guarded by stop()
+        out, covered, n_closed = self._self_times(release=True)
+        if self.clock.name == "wall":
+            total = root[_END] - root[_START]
+        else:
+            total = self.clock.resolve(root[_START], [root[_END]])[0]
+        self.total_ns = total = max(total, 0)
+        if total > covered:
+            out[OTHER] = total - covered
         self.durations_ns = out
-        self.open_stages = open_stages
-        self._spans = []  # free the marks (CUDA events hold device resources)
+        self.open_stages = len(self._spans) - n_closed
+
+    def elapsed_ms(self) -> dict[str, float]:
+        """Stage durations so far (closed stages only), for a header sent before the trace ends."""
+        if self.total_ns is not None:
+            return self.durations_ms
+        if self._root is None:
+            return {}
+        out, _, _ = self._self_times()
+        return {k: out[k] / 1e6 for k in order_stages(out)}
+
+    def spans(self) -> list[tuple[str, float, float, int]]:
+        """Each closed stage as ``(name, start_ms, end_ms, depth)`` since the trace began."""
+        if self._root is None:
+            return []
+        closed, starts, ends = self._closed_ns()
+        depth: dict[int, int] = {id(self._root): -1}
+        out = []
+        for sp, st, en in zip(closed, starts, ends):
+            d = depth.get(id(sp[_PARENT]), -1) + 1
+            depth[id(sp)] = d
+            out.append((sp[_NAME], st / 1e6, en / 1e6, d))
+        return out
 
     @property
     def durations_ms(self) -> dict[str, float]:

@@ -1,0 +1,166 @@
+"""Where finished traces go besides the recorder: Prometheus, OpenTelemetry, JSON lines.
+
+Each exporter has ``export(trace, info)``, called once per finished request by the
+middleware (or by you). Each imports its library only when constructed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import IO, Any, Sequence
+
+import orjson
+
+from .exceptions import ConfigError, require
+from .timing import Trace
+
+__all__ = ["JsonLinesExporter", "OpenTelemetryExporter", "PrometheusExporter", "STAGE_BUCKETS"]
+
+#: Seconds. Prometheus's default buckets start at 5 ms and would put every fast stage in one
+#: bucket; these resolve 50 us stages as well as 30 s requests.
+STAGE_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+class PrometheusExporter:
+    """Histograms per stage and per request, and requests counted by status.
+
+        exporter = PrometheusExporter()
+        app.add_middleware(ServescopeMiddleware, exporters=[exporter])   # serves /metrics
+
+    Metrics: ``{prefix}_stage_seconds{stage}``, ``{prefix}_request_seconds``,
+    ``{prefix}_requests_total{status}``. Under gunicorn or several uvicorn workers, set
+    ``PROMETHEUS_MULTIPROC_DIR`` before start-up: the client's multiprocess mode then writes
+    each worker's samples there and ``/metrics`` merges all workers.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: Any = None,
+        prefix: str = "servescope",
+        buckets: Sequence[float] = STAGE_BUCKETS,
+    ) -> None:
+        prom = require("prometheus_client", "prometheus", "PrometheusExporter needs it.")
+        if list(buckets) != sorted(buckets) or not buckets:
+            raise ConfigError(f"buckets must be a non-empty increasing sequence of seconds, got {buckets!r}")
+        self._prom = prom
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.registry = registry if registry is not None else prom.CollectorRegistry()
+        self.stage_seconds = prom.Histogram(
+            f"{prefix}_stage_seconds", "Time per request spent in each stage", ["stage"],
+            buckets=buckets, registry=self.registry,
+        )  # fmt: skip
+        self.request_seconds = prom.Histogram(
+            f"{prefix}_request_seconds", "Server time per request", buckets=buckets, registry=self.registry
+        )
+        self.requests = prom.Counter(
+            f"{prefix}_requests", "Requests by response status", ["status"], registry=self.registry
+        )
+        self._children: dict[str, Any] = {}  # .labels() costs a microsecond: once per stage
+
+    def export(self, trace: Trace, info: Any = None) -> None:
+        children = self._children
+        for name, ns in trace.durations_ns.items():
+            child = children.get(name)
+            if child is None:
+                child = children[name] = self.stage_seconds.labels(name)
+            child.observe(ns / 1e9)
+        if trace.total_ns is not None:
+            self.request_seconds.observe(trace.total_ns / 1e9)
+        status = getattr(info, "status", None)
+        self.requests.labels(str(status) if status is not None else "error").inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The ``/metrics`` body and its content type (all workers' in multiprocess mode)."""
+        prom = self._prom
+        registry = self.registry
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            registry = prom.CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
+
+
+class OpenTelemetryExporter:
+    """A span per request with a child span per stage, timed from the trace's own timestamps
+    (nothing is measured twice).
+
+        from opentelemetry.sdk.trace import TracerProvider
+        exporter = OpenTelemetryExporter(tracer_provider=TracerProvider())
+    """
+
+    def __init__(self, *, tracer_provider: Any = None, name: str = "servescope") -> None:
+        otel = require("opentelemetry.trace", "otel", "OpenTelemetryExporter needs opentelemetry-sdk.")
+        self._otel = otel
+        self.tracer = (tracer_provider or otel.get_tracer_provider()).get_tracer(name)
+
+    def export(self, trace: Trace, info: Any = None) -> None:
+        otel = self._otel
+        if trace.total_ns is None:
+            return
+        start = round(trace.start_time * 1e9)
+        method = getattr(info, "method", None)
+        path = getattr(info, "path", None)
+        name = f"{method} {path}" if method else "request"
+        root = self.tracer.start_span(name, start_time=start, kind=otel.SpanKind.SERVER)
+        if method:
+            root.set_attribute("http.request.method", method)
+            root.set_attribute("url.path", path)
+        status = getattr(info, "status", None)
+        if status is not None:
+            root.set_attribute("http.response.status_code", status)
+        if trace.error:
+            root.set_status(otel.Status(otel.StatusCode.ERROR, trace.error))
+        parents = [root]
+        for stage_name, start_ms, end_ms, depth in trace.spans():
+            del parents[depth + 1 :]
+            ctx = otel.set_span_in_context(parents[depth])
+            span = self.tracer.start_span(stage_name, context=ctx, start_time=start + round(start_ms * 1e6))
+            span.set_attribute("servescope.stage", stage_name)
+            span.end(end_time=start + round(end_ms * 1e6))
+            parents.append(span)
+        root.end(end_time=start + trace.total_ns)
+
+
+class JsonLinesExporter:
+    """One JSON object per request: ``t``, ``method``, ``path``, ``status``, ``total_ms``,
+    ``stages`` (ms) and ``error`` when it failed. Give a path or an open binary file."""
+
+    def __init__(self, target: str | Path | IO[bytes], *, flush: bool = True) -> None:
+        if isinstance(target, (str, Path)):
+            self._file: IO[bytes] = open(target, "ab")  # noqa: SIM115 - closed by close()
+            self._owned = True
+        elif hasattr(target, "write"):
+            self._file = target
+            self._owned = False
+        else:
+            raise ConfigError(f"JsonLinesExporter takes a path or a binary file, got {target!r}")
+        self._flush = flush
+        self._lock = threading.Lock()
+
+    def export(self, trace: Trace, info: Any = None) -> None:
+        row: dict[str, Any] = {
+            "t": round(trace.start_time, 6),
+            "method": getattr(info, "method", None),
+            "path": getattr(info, "path", None),
+            "status": getattr(info, "status", None),
+            "total_ms": trace.total_ms,
+            "stages": trace.durations_ms,
+        }
+        if trace.error:
+            row["error"] = trace.error
+        line = orjson.dumps(row) + b"\n"
+        with self._lock:
+            self._file.write(line)
+            if self._flush:
+                self._file.flush()
+
+    def close(self) -> None:
+        if self._owned:
+            self._file.close()

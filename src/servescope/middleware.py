@@ -1,0 +1,312 @@
+"""Instrument an existing service in one line: ASGI (FastAPI, Starlette) and WSGI (Flask).
+
+    app.add_middleware(servescope.middleware.ServescopeMiddleware)          # FastAPI / Starlette
+    app.wsgi_app = servescope.middleware.ServescopeWSGIMiddleware(app.wsgi_app)  # Flask
+
+Each sampled request gets a trace: ``receive`` (reading the body) and ``send`` (writing the
+response) are timed here, handlers add their own stages with ``servescope.stage()``, the
+response carries a ``Server-Timing`` header with the stages measured before it was sent, and
+the finished trace goes to the recorder and to each exporter (Prometheus, OpenTelemetry,
+JSON lines: see exporters.py). With Prometheus among the exporters, ``/metrics`` is served.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
+
+from .exceptions import ConfigError
+from .recorder import Recorder
+from .servertiming import format_server_timing
+from .timing import Trace, stage
+
+__all__ = ["RequestInfo", "ServescopeMiddleware", "ServescopeWSGIMiddleware"]
+
+log = logging.getLogger("servescope")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class RequestInfo:
+    """What exporters learn about a request besides its trace."""
+
+    __slots__ = ("method", "path", "status")
+
+    def __init__(self, method: str, path: str, status: int | None = None) -> None:
+        self.method = method
+        self.path = path
+        self.status = status
+
+    def __repr__(self) -> str:
+        return f"RequestInfo({self.method} {self.path} -> {self.status})"
+
+
+class _Instrumentation:
+    """What both middlewares share: sampling, the recorder, exporters, /metrics."""
+
+    def __init__(
+        self,
+        *,
+        recorder: Recorder | None,
+        exporters: Sequence[Any],
+        sample_rate: float,
+        server_timing: bool,
+        metrics_path: str | None,
+        exclude_paths: Iterable[str],
+    ) -> None:
+        if not isinstance(sample_rate, (int, float)) or not 0.0 <= sample_rate <= 1.0:
+            raise ConfigError(f"sample_rate must be a number between 0 and 1, got {sample_rate!r}")
+        self.recorder = recorder if recorder is not None else Recorder()
+        self.exporters = list(exporters)
+        self.sample_rate = float(sample_rate)
+        self.server_timing = server_timing
+        self.metrics = next((e for e in self.exporters if hasattr(e, "exposition")), None)
+        self.metrics_path = metrics_path if self.metrics is not None else None
+        self.exclude = frozenset(exclude_paths) | ({metrics_path} if self.metrics_path else set())
+        self._failed_exporters: set[int] = set()
+
+    def sampled(self, path: str) -> bool:
+        if path in self.exclude:
+            return False
+        return self.sample_rate >= 1.0 or random.random() < self.sample_rate
+
+    def header(self, tr: Trace) -> bytes:
+        elapsed = tr.elapsed_ms()
+        now_ms = (time.perf_counter_ns() - tr._root[1]) / 1e6 if tr.clock.name == "wall" else None  # type: ignore[index]
+        return format_server_timing(elapsed, total_ms=now_ms).encode("latin-1")
+
+    def _close(self, tr: Trace, info: RequestInfo, exc: BaseException | None) -> None:
+        """Stop the clock if the response did not, mark failures, record, export."""
+        tr.stop()
+        if exc is not None:
+            tr.fail(exc)
+        elif info.status is not None and info.status >= 400:
+            tr.fail(f"HTTP {info.status}")
+        self.recorder.record(tr)
+        self.export(tr, info)
+
+    def export(self, tr: Trace, info: RequestInfo) -> None:
+        for exporter in self.exporters:
+            try:
+                exporter.export(tr, info)
+            except Exception:  # an exporter must never break the user's request
+                if id(exporter) not in self._failed_exporters:
+                    self._failed_exporters.add(id(exporter))
+                    log.exception("servescope: exporter %r failed; its later failures are not logged", exporter)
+
+
+class ServescopeMiddleware(_Instrumentation):
+    """ASGI middleware: a trace per HTTP request.
+
+        app = FastAPI()
+        app.add_middleware(ServescopeMiddleware, exporters=[PrometheusExporter()])
+
+    Keyword arguments: ``recorder`` (a ``Recorder``; one is made if omitted, see
+    ``.recorder.report()``), ``exporters``, ``sample_rate`` (0..1, the share of requests traced;
+    the others pay one random draw), ``server_timing`` (send the header), ``metrics_path``
+    (where a Prometheus exporter is served), ``exclude_paths`` (never traced).
+    A response with status >= 400, or an app that raises, is recorded as a failed request.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        recorder: Recorder | None = None,
+        exporters: Sequence[Any] = (),
+        sample_rate: float = 1.0,
+        server_timing: bool = True,
+        metrics_path: str | None = "/metrics",
+        exclude_paths: Iterable[str] = (),
+    ) -> None:
+        super().__init__(
+            recorder=recorder,
+            exporters=exporters,
+            sample_rate=sample_rate,
+            server_timing=server_timing,
+            metrics_path=metrics_path,
+            exclude_paths=exclude_paths,
+        )
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if self.metrics_path is not None and path == self.metrics_path:
+            await self._serve_metrics(send)
+            return
+        if not self.sampled(path):
+            await self.app(scope, receive, send)
+            return
+
+        tr = Trace(cuda="auto", recorder=None)
+        info = RequestInfo(scope.get("method", "GET"), path)
+        state = {"done": False, "body_read": False}
+
+        async def timed_receive() -> Message:
+            if state["body_read"]:  # later calls wait for a disconnect: not the request's work
+                return await receive()
+            with stage("receive"):
+                message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                state["body_read"] = True
+            return message
+
+        async def timed_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                info.status = message["status"]
+                if self.server_timing:
+                    message = dict(message)
+                    message["headers"] = [*message.get("headers", []), (b"server-timing", self.header(tr))]
+            with stage("send"):
+                await send(message)
+            if kind == "http.response.body" and not message.get("more_body", False):
+                tr.stop()  # the response is out: background tasks are not the request
+
+        tr.start()
+        try:
+            await self.app(scope, timed_receive, timed_send)
+        except BaseException as exc:
+            tr.detach()
+            self._close(tr, info, exc)  # recorded with the exception, even after a 500 was sent
+            raise
+        tr.detach()
+        self._close(tr, info, None)
+
+    async def _serve_metrics(self, send: Send) -> None:
+        body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
+        headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class ServescopeWSGIMiddleware(_Instrumentation):
+    """WSGI middleware (Flask, Django, any WSGI app): a trace per request.
+
+        app.wsgi_app = ServescopeWSGIMiddleware(app.wsgi_app)
+
+    The same keyword arguments as the ASGI middleware. ``receive`` times reads of
+    ``wsgi.input``; ``send`` times the server writing each chunk of the response.
+    """
+
+    def __init__(
+        self,
+        app: Callable[..., Iterable[bytes]],
+        *,
+        recorder: Recorder | None = None,
+        exporters: Sequence[Any] = (),
+        sample_rate: float = 1.0,
+        server_timing: bool = True,
+        metrics_path: str | None = "/metrics",
+        exclude_paths: Iterable[str] = (),
+    ) -> None:
+        super().__init__(
+            recorder=recorder,
+            exporters=exporters,
+            sample_rate=sample_rate,
+            server_timing=server_timing,
+            metrics_path=metrics_path,
+            exclude_paths=exclude_paths,
+        )
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if self.metrics_path is not None and path == self.metrics_path:
+            body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
+            start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            return [body]
+        if not self.sampled(path):
+            return self.app(environ, start_response)
+
+        tr = Trace(cuda="auto")
+        info = RequestInfo(environ.get("REQUEST_METHOD", "GET"), path)
+        if "wsgi.input" in environ:
+            environ["wsgi.input"] = _TimedInput(environ["wsgi.input"])
+
+        def timed_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            try:
+                info.status = int(status.split(" ", 1)[0])
+            except ValueError:
+                info.status = None
+            if self.server_timing:
+                headers = [*headers, ("Server-Timing", self.header(tr).decode("latin-1"))]
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        tr.start()
+        try:
+            result = self.app(environ, timed_start_response)
+        except BaseException as exc:
+            tr.detach()
+            self._close(tr, info, exc)
+            raise
+        # the body is written after we return, outside this context: time it by hand
+        tr.detach()
+        return _TimedBody(result, tr, info, self)
+
+class _TimedInput:
+    """``wsgi.input`` whose reads are the ``receive`` stage."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def read(self, *args: Any) -> bytes:
+        with stage("receive"):
+            return self._stream.read(*args)
+
+    def readline(self, *args: Any) -> bytes:
+        with stage("receive"):
+            return self._stream.readline(*args)
+
+    def readinto(self, buffer: Any) -> int | None:
+        with stage("receive"):
+            return self._stream.readinto(buffer)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _TimedBody:
+    """The response iterable: time between chunks is the server writing them (``send``)."""
+
+    def __init__(self, result: Iterable[bytes], tr: Trace, info: RequestInfo, mw: ServescopeWSGIMiddleware) -> None:
+        self._result = result
+        self._tr = tr
+        self._info = info
+        self._mw = mw
+        self._send_ns = 0
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        mark = None
+        for chunk in self._result:
+            if mark is not None:
+                self._send_ns += time.perf_counter_ns() - mark
+            yield chunk
+            mark = time.perf_counter_ns()
+        if mark is not None:
+            self._send_ns += time.perf_counter_ns() - mark
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._tr.add("send", self._send_ns / 1e6)
+            self._mw._close(self._tr, self._info, None)

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import asyncio
+import io
+
+import httpx
+import pytest
+from fastapi import BackgroundTasks, FastAPI
+from fastapi.responses import StreamingResponse
+from flask import Flask, jsonify, request
+
+import servescope
+from servescope.exceptions import ConfigError
+from servescope.exporters import JsonLinesExporter
+from servescope.middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
+from servescope.servertiming import server_timing_durations
+
+
+def fastapi_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/predict")
+    async def predict(payload: dict):
+        with servescope.stage("preprocess"):
+            words = payload["text"].split()
+        with servescope.stage("infer"):
+            await asyncio.sleep(0.002)
+        return {"n": len(words)}
+
+    @app.get("/stream")
+    async def stream():
+        async def gen():
+            for i in range(3):
+                with servescope.stage("infer"):
+                    await asyncio.sleep(0.001)
+                yield f"{i}\n".encode()
+
+        return StreamingResponse(gen())
+
+    @app.post("/background")
+    async def background(tasks: BackgroundTasks):
+        ran = app.state.ran = []
+        tasks.add_task(lambda: ran.append(servescope.current_trace()))
+        return {"ok": True}
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError("model exploded")
+
+    @app.get("/missing")
+    async def missing():
+        from fastapi import HTTPException
+
+        raise HTTPException(404, "no such item")
+
+    return app
+
+
+async def call(app, method: str, path: str, **kw) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        return await client.request(method, path, **kw)
+
+
+def test_asgi_request_gets_a_trace_a_header_and_a_record():
+    app = fastapi_app()
+    recorder = servescope.Recorder()
+    app.add_middleware(ServescopeMiddleware, recorder=recorder)
+    r = asyncio.run(call(app, "POST", "/predict", json={"text": "a b c"}))
+    assert r.status_code == 200 and r.json() == {"n": 3}
+    stages, total = server_timing_durations(r.headers["server-timing"])
+    assert {"receive", "preprocess", "infer"} <= set(stages)
+    assert stages["infer"] >= 1.5  # the 2 ms sleep
+    assert total >= stages["infer"]
+    rep = recorder.report()
+    assert rep.latency["count"] == 1
+    assert {"receive", "preprocess", "infer", "send"} <= set(rep.stages)
+
+
+def test_streaming_responses_are_timed_to_the_last_chunk():
+    mw = ServescopeMiddleware(fastapi_app())
+    r = asyncio.run(call(mw, "GET", "/stream"))
+    assert r.text == "0\n1\n2\n"
+    rep = mw.recorder.report()
+    assert rep.stages["infer"]["count"] == 1
+    assert rep.stages["infer"]["mean_ms"] >= 2.5  # three 1 ms sleeps, summed
+    assert "receive" not in rep.stages or rep.stages["receive"]["max_ms"] < 1.0  # no disconnect wait
+
+
+def test_background_tasks_still_run_after_the_trace_ends():
+    app = fastapi_app()
+    mw = ServescopeMiddleware(app)
+    r = asyncio.run(call(mw, "POST", "/background"))
+    assert r.json() == {"ok": True}
+    assert len(app.state.ran) == 1
+    assert mw.recorder.report().latency["count"] == 1
+
+
+def test_failures_are_recorded_as_errors_not_latency():
+    mw = ServescopeMiddleware(fastapi_app())  # outside FastAPI's own 500 handler: sees the exception
+    assert asyncio.run(call(mw, "GET", "/boom")).status_code == 500
+    assert asyncio.run(call(mw, "GET", "/missing")).status_code == 404
+    rep = mw.recorder.report()
+    assert rep.errors == {"RuntimeError": 1, "HTTP 404": 1}
+    assert rep.latency["count"] == 0
+
+
+def test_sampling_zero_traces_nothing_and_sends_no_header():
+    mw = ServescopeMiddleware(fastapi_app(), sample_rate=0.0)
+    r = asyncio.run(call(mw, "POST", "/predict", json={"text": "x"}))
+    assert r.status_code == 200 and "server-timing" not in r.headers
+    assert len(mw.recorder) == 0
+
+
+def test_excluded_paths_are_not_traced():
+    mw = ServescopeMiddleware(fastapi_app(), exclude_paths=["/stream"])
+    r = asyncio.run(call(mw, "GET", "/stream"))
+    assert "server-timing" not in r.headers
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, "all"])
+def test_bad_sample_rate_is_refused(rate):
+    with pytest.raises(ConfigError, match="sample_rate"):
+        ServescopeMiddleware(fastapi_app(), sample_rate=rate)
+
+
+def flask_app() -> Flask:
+    app = Flask(__name__)
+
+    @app.post("/predict")
+    def predict():
+        with servescope.stage("validate"):
+            payload = request.get_json()
+        with servescope.stage("infer"):
+            n = len(payload["text"].split())
+        with servescope.stage("serialize"):
+            return jsonify(n=n)
+
+    @app.get("/fail")
+    def fail():
+        raise ValueError("bad")
+
+    @app.get("/stream")
+    def stream():
+        return app.response_class((f"{i}\n" for i in range(3)), mimetype="text/plain")
+
+    return app
+
+
+def test_wsgi_request_gets_a_trace_a_header_and_a_record(tmp_path):
+    app = flask_app()
+    log = io.BytesIO()
+    app.wsgi_app = mw = ServescopeWSGIMiddleware(app.wsgi_app, exporters=[JsonLinesExporter(log)])
+    client = app.test_client()
+    r = client.post("/predict", json={"text": "a b"})
+    assert r.status_code == 200 and r.get_json() == {"n": 2}
+    stages, total = server_timing_durations(r.headers["Server-Timing"])
+    assert {"receive", "validate", "infer", "serialize"} <= set(stages)
+    r.close()  # WSGI servers close the body once written: that ends the request
+    streamed = client.get("/stream")
+    assert streamed.data == b"0\n1\n2\n"
+    streamed.close()
+    rep = mw.recorder.report()
+    assert rep.latency["count"] == 2
+    assert "send" in rep.stages
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and b'"path":"/predict"' in lines[0] and b'"status":200' in lines[0]
+
+
+def test_wsgi_failure_is_recorded():
+    app = flask_app()
+    app.wsgi_app = mw = ServescopeWSGIMiddleware(app.wsgi_app)
+    r = app.test_client().get("/fail")
+    assert r.status_code == 500
+    r.close()  # the server closes the body: that ends the request
+    assert mw.recorder.report().errors == {"HTTP 500": 1}
