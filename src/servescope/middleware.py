@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 from .exceptions import ConfigError
 from .recorder import Recorder
-from .servertiming import format_server_timing
+from .servertiming import format_ns
 from .timing import Trace, stage
 
 __all__ = ["RequestInfo", "ServescopeMiddleware", "ServescopeWSGIMiddleware"]
@@ -77,9 +77,7 @@ class _Instrumentation:
         return self.sample_rate >= 1.0 or random.random() < self.sample_rate
 
     def header(self, tr: Trace) -> bytes:
-        elapsed = tr.elapsed_ms()
-        now_ms = (time.perf_counter_ns() - tr._root[1]) / 1e6 if tr.clock.name == "wall" else None  # type: ignore[index]
-        return format_server_timing(elapsed, total_ms=now_ms).encode("latin-1")
+        return format_ns(*tr.elapsed_ns()).encode("latin-1")
 
     def _close(self, tr: Trace, info: RequestInfo, exc: BaseException | None) -> None:
         """Stop the clock if the response did not, mark failures, record, export."""

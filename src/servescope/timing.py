@@ -72,25 +72,25 @@ CudaMode = Literal["auto", "events", "sync", "wall"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def stage_sort_key(order: dict[str, int]) -> Callable[[str], tuple[int, int]]:
-    """Sort key: canonical stages in path order, then others as first seen, ``other`` last."""
-    rank = {name: i for i, name in enumerate(STAGE_ORDER)}
-
-    def key(name: str) -> tuple[int, int]:
-        if name == OTHER:
-            return (2, 0)
-        if name in rank:
-            return (0, rank[name])
-        return (1, order.get(name, len(order)))
-
-    return key
+_RANK = {name: i for i, name in enumerate(STAGE_ORDER)}
+_ORDER_CACHE: dict[tuple[str, ...], list[str]] = {}
 
 
 def order_stages(names: Any) -> list[str]:
     """Stage names in report order (canonical first, then in the order given, ``other`` last)."""
-    names = list(dict.fromkeys(names))
-    seen = {name: i for i, name in enumerate(names)}
-    return sorted(names, key=stage_sort_key(seen))
+    key = tuple(names)
+    cached = _ORDER_CACHE.get(key)
+    if cached is not None:  # requests of one endpoint see the same few stage sets
+        return cached
+    unique = list(dict.fromkeys(key))
+    n = len(_RANK)
+    rank = {name: _RANK.get(name, n + i) for i, name in enumerate(unique)}
+    rank[OTHER] = n + len(unique)
+    ordered = sorted(unique, key=rank.__getitem__)
+    if len(_ORDER_CACHE) > 1024:
+        _ORDER_CACHE.clear()
+    _ORDER_CACHE[key] = ordered
+    return ordered
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,14 +512,17 @@ class Trace:
         self.durations_ns = out
         self.open_stages = len(self._spans) - n_closed
 
-    def elapsed_ms(self) -> dict[str, float]:
-        """Stage durations so far (closed stages only), for a header sent before the trace ends."""
+    def elapsed_ns(self) -> tuple[dict[str, int], int | None]:
+        """Stage -> ns so far (closed stages only) and the time since the trace began (None on
+        a device clock, which cannot be read without a sync): for a header sent mid-request."""
         if self.total_ns is not None:
-            return self.durations_ms
-        if self._root is None:
-            return {}
+            return self.durations_ns, self.total_ns
+        root = self._root
+        if root is None:
+            return {}, None
         out, _, _ = self._self_times()
-        return {k: out[k] / 1e6 for k in order_stages(out)}
+        now = self._mark() - root[_START] if self.clock.name == "wall" else None
+        return out, now
 
     def spans(self) -> list[tuple[str, float, float, int]]:
         """Each closed stage as ``(name, start_ms, end_ms, depth)`` since the trace began."""
