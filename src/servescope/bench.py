@@ -1,0 +1,326 @@
+"""``servescope bench``: load an endpoint, and report latency per stage from its Server-Timing.
+
+    options = BenchOptions(url="http://127.0.0.1:8000/predict", method="POST",
+                           bodies=[b'{"text": "hi"}'], concurrency=[1, 4, 16], duration_s=10)
+    reports = run_bench(options)          # one Report per load level
+
+Each level runs warm-up then measurement as one continuous load (no gap for the server to
+recover), and the very first request of the whole run is sent alone first: its latency is the
+cold start (``latency.first_ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .exceptions import ConfigError, ServerTimingError
+from .loadgen import LoadGenerator, Result, Target, build_requests
+from .recorder import Recorder
+from .report import Report
+from .servertiming import server_timing_durations
+from .stats import Distribution, summarize
+
+__all__ = ["BenchOptions", "parse_duration", "run_bench", "results_report"]
+
+#: The stage that holds what the server's own timing does not: the network, the client,
+#: and the server outside its stages before they started (accept, parsing).
+NETWORK = "network+client"
+#: Open loop only: time a request waited for its send slot (a free connection, or a late
+#: scheduler); part of the latency a user would see.
+CLIENT_WAIT = "client_wait"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``"10s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a plain number of seconds -> seconds."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ConfigError(f"not a duration: {text!r} (use 10s, 500ms, 2m)")
+    value = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    return value
+
+
+@dataclass
+class BenchOptions:
+    """What to send, how hard, for how long. Validated at construction."""
+
+    url: str
+    method: str = "GET"
+    bodies: list[bytes] = field(default_factory=list)
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str | None = None
+    concurrency: list[int] = field(default_factory=list)
+    rate: list[float] = field(default_factory=list)
+    poisson: bool = False
+    duration_s: float | None = 10.0
+    requests: int | None = None
+    warmup_s: float = 1.0
+    timeout_s: float = 30.0
+    max_connections: int = 1024
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.target = Target.parse(self.url)
+        self.method = self.method.upper()
+        if not re.fullmatch(r"[A-Z]+", self.method):
+            raise ConfigError(f"not an HTTP method: {self.method!r}")
+        if self.concurrency and self.rate:
+            raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
+        if not self.concurrency and not self.rate:
+            self.concurrency = [1]
+        for c in self.concurrency:
+            if not isinstance(c, int) or c < 1:
+                raise ConfigError(f"concurrency must be a whole number >= 1, got {c!r}")
+        for r in self.rate:
+            if not isinstance(r, (int, float)) or not r > 0 or math.isinf(r):
+                raise ConfigError(f"rate must be a number of requests/s > 0, got {r!r}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ConfigError(f"duration must be > 0, got {self.duration_s!r}")
+        if self.requests is not None and self.requests < 1:
+            raise ConfigError(f"requests must be >= 1, got {self.requests!r}")
+        if self.requests is not None:
+            self.duration_s = None
+        if self.warmup_s < 0 or self.timeout_s <= 0:
+            raise ConfigError("warm-up must be >= 0 and timeout > 0")
+        if self.bodies and self.method == "GET":
+            self.method = "POST"
+
+    @property
+    def levels(self) -> list[tuple[str, float]]:
+        return [("concurrency", c) for c in self.concurrency] + [("rate", r) for r in self.rate]
+
+    def raw_requests(self) -> list[bytes]:
+        return build_requests(
+            self.target, method=self.method, bodies=self.bodies or None, headers=self.headers,
+            content_type=self.content_type,
+        )  # fmt: skip
+
+
+def _kind(result: Result) -> str | None:
+    if result[5] is not None:
+        return result[5]
+    if result[3] >= 400:
+        return f"HTTP {result[3]}"
+    return None
+
+
+def results_report(
+    results: list[Result],
+    *,
+    measure_from_ns: int,
+    measure_until_ns: int | None = None,
+    first_ms: float | None = None,
+    lags_ns: list[int] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Report:
+    """A Report from raw results: requests *scheduled* from ``measure_from_ns`` on count.
+
+    Latency counts from the earlier of the scheduled and the actual send time (coordinated
+    omission corrected: equal to the send time in closed loop); ``uncorrected`` from the send.
+    Stages come from each response's Server-Timing; ``network+client`` is what the client saw
+    beyond the server's total.
+    """
+    rec = Recorder(keep_samples=0)
+    uncorrected = Distribution()
+    measured = [r for r in results if r[0] >= measure_from_ns]
+    with_timing = 0
+    bad_timing = 0
+    for sched, sent, done, status, st, err in measured:
+        start = sched if sched < sent else sent
+        latency = (done - start) / 1e6
+        kind = _kind((sched, sent, done, status, st, err))
+        if kind is not None:
+            rec.record_durations({}, latency, error=kind)
+            continue
+        from_send = (done - sent) / 1e6
+        uncorrected.add(from_send)
+        stages: dict[str, float] = {}
+        if st is not None:
+            try:
+                stages, total = server_timing_durations(st.decode("latin-1"))
+            except ServerTimingError:
+                bad_timing += 1
+                stages, total = {}, None
+            if stages or total is not None:
+                with_timing += 1
+                server = total if total is not None else sum(stages.values())
+                stages[NETWORK] = max(from_send - server, 0.0)
+        wait = (sent - sched) / 1e6
+        if wait > 0 and stages:
+            stages[CLIENT_WAIT] = wait
+        rec.record_durations(stages, latency)
+    report = rec.report(**(meta or {}))
+    if first_ms is not None:
+        report.latency["first_ms"] = round(first_ms, 4)
+    ok = report.latency["count"]
+    end = measure_until_ns or max((r[2] for r in measured), default=measure_from_ns)
+    window_s = max((end - measure_from_ns) / 1e9, 1e-9)
+    report.extra["throughput_rps"] = round(ok / window_s, 2) if measured else 0.0
+    report.extra["requests"] = {"measured": len(measured), "ok": ok, "warmup": len(results) - len(measured)}
+    report.extra["uncorrected"] = summarize(uncorrected)
+    report.extra["server_timing"] = {
+        "responses_with_header": with_timing,
+        "malformed": bad_timing,
+        "hint": None
+        if with_timing
+        else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "
+        "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
+    }
+    if lags_ns:
+        lags = np.asarray(lags_ns, dtype=float) / 1e6
+        p99 = float(np.percentile(lags, 99))
+        report.extra["generator"] = {
+            "schedule_lag_p50_ms": round(float(np.percentile(lags, 50)), 3),
+            "schedule_lag_p99_ms": round(p99, 3),
+            "behind": bool(p99 > 2.0),
+        }
+    return report
+
+
+async def _first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float | None, str | None]:
+    gen = LoadGenerator(options.target, raw[:1], timeout_s=options.timeout_s)
+    results = await gen.closed_loop(concurrency=1, requests=1)
+    if not results:
+        return None, "no response"
+    r = results[0]
+    kind = _kind(r)
+    return (r[2] - r[1]) / 1e6, kind
+
+
+async def _run_level(
+    options: BenchOptions,
+    raw: list[bytes],
+    mode: str,
+    level: float,
+    on_tick: Callable[[LoadGenerator], None] | None,
+    state: dict[str, Any],
+) -> tuple[list[Result], int, int | None, list[int]]:
+    gen = LoadGenerator(
+        options.target, raw, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick
+    )
+    state["gen"] = gen
+    t0 = time.perf_counter_ns()
+    measure_from = t0 + round(options.warmup_s * 1e9)
+    duration = None if options.duration_s is None else options.warmup_s + options.duration_s
+    total_requests = None
+    if options.requests is not None:  # requests count the measured ones: add the warm-up's
+        total_requests = options.requests + (round(options.warmup_s * level) if mode == "rate" else 0)
+    if options.requests is not None and mode == "concurrency":
+        measure_from = t0  # a request budget in closed loop: no time-based warm-up
+    gen.measure_from_ns = measure_from  # type: ignore[attr-defined]
+    if mode == "concurrency":
+        await gen.closed_loop(concurrency=int(level), duration_s=duration, requests=total_requests)
+    else:
+        await gen.open_loop(
+            rate=level, duration_s=duration, requests=total_requests, poisson=options.poisson, seed=options.seed
+        )
+    state["gen"] = None
+    until = None if options.duration_s is None else measure_from + round(options.duration_s * 1e9)
+    if until is not None:
+        until = min(until, time.perf_counter_ns())
+    return gen.results, measure_from, until, gen.lags
+
+
+def run_bench(
+    options: BenchOptions,
+    *,
+    on_tick: Callable[[str, LoadGenerator], None] | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> list[Report]:
+    """Run every load level; return one Report per level (the cold first request in each).
+
+    Raises ``ConfigError`` when the very first request cannot connect (a wrong URL or a server
+    that is not up). Ctrl-C (SIGINT) ends the level under way: its report covers what ran,
+    and later levels are skipped.
+    """
+    raw = options.raw_requests()
+    reports: list[Report] = []
+    state: dict[str, Any] = {"gen": None, "interrupted": False}
+
+    def interrupt() -> None:
+        state["interrupted"] = True
+        if state["gen"] is not None:
+            state["gen"].stop()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+            pass
+        first_ms, first_err = await _first_request(options, raw)
+        if first_err in ("connection refused", "connect timeout") or (first_err or "").startswith("connect error"):
+            raise ConfigError(f"cannot reach {options.target}: {first_err}")
+        for mode, level in options.levels:
+            if state["interrupted"]:
+                break
+            label = f"{mode}={level:g}"
+            tick = (lambda gen, label=label: on_tick(label, gen)) if on_tick else None
+            cpu0 = time.process_time()
+            results, measure_from, until, lags = await _run_level(options, raw, mode, level, tick, state)
+            cpu = time.process_time() - cpu0
+            meta = {
+                "tool": "servescope bench",
+                "target": str(options.target),
+                "method": options.method,
+                "mode": "closed loop" if mode == "concurrency" else ("open loop, Poisson" if options.poisson else "open loop"),
+                mode: level,
+                "duration_s": options.duration_s,
+                "warmup_s": options.warmup_s,
+                "title": f"servescope bench {options.method} {options.target} ({label})",
+            }
+            if state["interrupted"]:
+                meta["interrupted"] = True
+            rep = results_report(
+                results, measure_from_ns=measure_from, measure_until_ns=until, first_ms=first_ms,
+                lags_ns=lags, meta=meta,
+            )  # fmt: skip
+            if first_err:
+                rep.extra["first_error"] = first_err
+            if results:
+                rep.extra.setdefault("generator", {})["cpu_us_per_request"] = round(cpu / len(results) * 1e6, 1)
+            reports.append(rep)
+
+    loop = (loop_factory or _fast_loop())()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return reports
+
+
+def _fast_loop() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard] on Linux/macOS
+        return asyncio.new_event_loop
+
+
+def sweep_summary(reports: list[Report]) -> list[dict[str, Any]]:
+    """One row per level: the throughput-latency curve."""
+    rows = []
+    for rep in reports:
+        meta = rep.meta
+        rows.append(
+            {
+                "level": meta.get("concurrency", meta.get("rate")),
+                "mode": "concurrency" if "concurrency" in meta else "rate",
+                "throughput_rps": rep.extra.get("throughput_rps"),
+                "p50_ms": rep.latency.get("p50_ms"),
+                "p95_ms": rep.latency.get("p95_ms"),
+                "p99_ms": rep.latency.get("p99_ms"),
+                "errors": sum(rep.errors.values()),
+            }
+        )
+    return rows

@@ -1,0 +1,418 @@
+"""The load generator: HTTP/1.1 keep-alive connections driven closed-loop or open-loop.
+
+It shares two CPU cores with the server it measures, so its own cost per request matters:
+requests are pre-encoded bytes, responses are parsed by httptools (llhttp, in C) on plain
+asyncio protocols, completions are callbacks (no coroutine or future per request), and
+``Server-Timing`` headers are kept as raw bytes and parsed only after the run.
+
+Open loop (``rate``): request k is *scheduled* at ``start + k / rate`` (or at Poisson arrival
+times) and its latency is measured from that scheduled time, as wrk2 does: a server that
+stalls cannot hide its stall by slowing the generator down (coordinated omission). The
+latency from the actual send is kept as well ("uncorrected").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import httptools
+
+from .exceptions import ConfigError
+
+__all__ = ["LoadGenerator", "Result", "Target", "build_requests", "schedule"]
+
+_EARLY_NS = 200_000
+
+#: One completed (or failed) request:
+#: (scheduled_ns, sent_ns, done_ns, status or 0, server-timing bytes or None, error kind or None)
+Result = tuple[int, int, int, int, bytes | None, str | None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the load goes, parsed from a URL."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"malformed URL {url!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"malformed URL {url!r}: expected http://HOST[:PORT]/PATH or https://...")
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        return cls(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path)
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host_header}{self.path}"
+
+
+def build_requests(
+    target: Target,
+    *,
+    method: str = "GET",
+    bodies: list[bytes] | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    content_type: str | None = None,
+) -> list[bytes]:
+    """The raw requests to send, one per body (cycled by the generator)."""
+    head = [f"{method} {target.path} HTTP/1.1", f"Host: {target.host_header}", "User-Agent: servescope"]
+    names = {k.lower() for k, _ in headers or []}
+    if content_type and "content-type" not in names:
+        head.append(f"Content-Type: {content_type}")
+    for k, v in headers or []:
+        if "\r" in k + v or "\n" in k + v:
+            raise ConfigError(f"header {k!r} contains a line break")
+        head.append(f"{k}: {v}")
+    out = []
+    for body in bodies or [b""]:
+        lines = [*head]
+        if body or method not in ("GET", "HEAD"):
+            lines.append(f"Content-Length: {len(body)}")
+        out.append(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+    return out
+
+
+def schedule(rate: float, start_ns: int, *, poisson: bool = False, seed: int | None = None):
+    """Send times (ns) for an open loop at ``rate`` requests/s: evenly spaced, or Poisson."""
+    if not rate > 0:
+        raise ConfigError(f"rate must be > 0 requests/s, got {rate!r}")
+    k = 0
+    if not poisson:
+        while True:
+            yield start_ns + round(k * 1e9 / rate)
+            k += 1
+    rng = random.Random(seed)
+    t = float(start_ns)
+    while True:
+        yield round(t)
+        t += rng.expovariate(rate) * 1e9
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; at most one request in flight (no pipelining)."""
+
+    def __init__(self, gen: LoadGenerator) -> None:
+        self.gen = gen
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.cur: list[Any] | None = None  # [scheduled_ns, sent_ns]
+        self.st: bytes | None = None
+        self.open = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._drop("bad response")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        if self.cur is not None:
+            self._drop("connection reset")
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == 13 and name.lower() == b"server-timing":
+            self.st = value if self.st is None else self.st + b", " + value
+
+    def on_message_complete(self) -> None:
+        done = time.perf_counter_ns()
+        cur, self.cur = self.cur, None
+        st, self.st = self.st, None
+        if cur is None:  # a response nobody asked for (after a timeout): ignore it
+            return
+        gen = self.gen
+        parser = self.parser
+        result = (cur[0], cur[1], done, parser.get_status_code(), st, None)
+        if not parser.should_keep_alive():
+            self.open = False
+            self.transport.close()  # type: ignore[union-attr]
+        elif gen._fast:  # closed loop in full swing: send the next request right here
+            gen.results.append(result)
+            reqs = gen.requests
+            gen.sent += 1
+            now = time.perf_counter_ns()
+            self.cur = [now, now]
+            self.transport.write(reqs[gen.sent % len(reqs)])  # type: ignore[union-attr]
+            if gen._limit is not None and gen.sent >= gen._limit:
+                gen._fast = False
+            return
+        gen._complete(self, result)
+
+    def send(self, request: bytes, cur: list[Any]) -> None:
+        self.cur = cur
+        cur[1] = now = time.perf_counter_ns()
+        if cur[0] is None:  # closed loop: scheduled when sent
+            cur[0] = now
+        self.transport.write(request)  # type: ignore[union-attr]
+
+    def _drop(self, kind: str) -> None:
+        cur, self.cur = self.cur, None
+        self.st = None
+        self.open = False
+        if self.transport is not None:
+            self.transport.close()
+        if cur is not None:
+            self.gen._complete(self, (cur[0], cur[1], time.perf_counter_ns(), 0, None, kind))
+
+
+class LoadGenerator:
+    """Sends ``requests`` (cycled) to ``target``; collects one ``Result`` per request.
+
+        gen = LoadGenerator(Target.parse(url), build_requests(...))
+        results = asyncio.run(gen.closed_loop(concurrency=8, duration_s=10))
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        requests: list[bytes],
+        *,
+        timeout_s: float = 30.0,
+        max_connections: int = 1024,
+        on_tick: Callable[[LoadGenerator], None] | None = None,
+    ) -> None:
+        if not requests:
+            raise ConfigError("no request to send")
+        self.target = target
+        self.requests = requests
+        self.timeout_ns = round(timeout_s * 1e9)
+        self.max_connections = max_connections
+        self.on_tick = on_tick
+        self.results: list[Result] = []
+        self.conns: list[_Conn] = []
+        self.idle: list[_Conn] = []
+        self.pending: collections.deque[int] = collections.deque()  # scheduled_ns waiting for a connection
+        self.connecting = 0
+        self.running = False
+        self.in_flight = 0
+        self.sent = 0
+        self.lags: list[int] = []  # open loop: how late the scheduler dispatched each request
+        self.stopped = False
+        self._stop_event: asyncio.Event | None = None
+        self._next = 0
+        self._ssl = ssl.create_default_context() if target.scheme == "https" else None
+        self._mode = "closed"
+        self._limit: int | None = None
+        self._fast = False  # closed loop running below its limit: completions send inline
+        self._drained: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- connections -------------------------------------------------------------------------
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(
+            lambda: _Conn(self), self.target.host, self.target.port, ssl=self._ssl
+        )
+        self.conns.append(conn)
+        return conn
+
+    def _request_bytes(self) -> bytes:
+        reqs = self.requests
+        r = reqs[self._next % len(reqs)]
+        self._next += 1
+        return r
+
+    def _send(self, conn: _Conn, scheduled_ns: int | None) -> None:
+        self.sent += 1
+        self.in_flight += 1
+        conn.send(self._request_bytes(), [scheduled_ns, 0])
+
+    def _complete(self, conn: _Conn, result: Result) -> None:
+        self.results.append(result)
+        self.in_flight -= 1
+        if not self.running:
+            if self.in_flight == 0 and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
+            return
+        if self._mode == "closed":
+            if self._limit is not None and self.sent >= self._limit:
+                if conn.open:
+                    self.idle.append(conn)
+            elif conn.open:
+                self._send(conn, None)
+            else:
+                self._spawn(self._reconnect_and_send(delay=result[5] is not None))
+        elif self.pending:
+            if conn.open:
+                self._send(conn, self.pending.popleft())
+            else:
+                self._spawn(self._open_and_dispatch())
+        elif conn.open:
+            self.idle.append(conn)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reconnect_and_send(self, delay: bool = False) -> None:
+        if delay:  # a dead server: do not spin
+            await asyncio.sleep(0.01)
+        scheduled = time.perf_counter_ns()
+        try:
+            conn = await self._connect()
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.results.append((scheduled, scheduled, time.perf_counter_ns(), 0, None, _connect_error(exc)))
+            if self.running:
+                self._spawn(self._reconnect_and_send(delay=True))
+            return
+        if self.running:
+            self._send(conn, None)
+
+    async def _open_and_dispatch(self) -> None:
+        self.connecting += 1
+        try:
+            conn = await self._connect()
+        except (OSError, asyncio.TimeoutError) as exc:
+            if self.pending:
+                sched = self.pending.popleft()
+                self.results.append((sched, sched, time.perf_counter_ns(), 0, None, _connect_error(exc)))
+            return
+        finally:
+            self.connecting -= 1
+        if self.running and self.pending:
+            self._send(conn, self.pending.popleft())
+        else:
+            self.idle.append(conn)
+
+    # -- housekeeping ------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        """Time out requests that took too long; tick the progress display."""
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.perf_counter_ns()
+            for conn in self.conns:
+                cur = conn.cur
+                if cur is not None and now - cur[1] > self.timeout_ns:
+                    conn._drop("timeout")
+            if len(self.conns) > 64:
+                self.conns = [c for c in self.conns if c.open or c.cur is not None]
+            if self.on_tick is not None:
+                self.on_tick(self)
+
+    async def _finish(self, drain_s: float) -> None:
+        self.running = False
+        self._fast = False
+        if self.in_flight:
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._drained, drain_s)
+            except asyncio.TimeoutError:
+                pass
+        for conn in self.conns:
+            if conn.transport is not None:
+                conn.transport.close()
+
+    def stop(self) -> None:
+        """End the run early (Ctrl-C): what completed so far is kept."""
+        self.stopped = True
+        self._fast = False
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    # -- drivers -----------------------------------------------------------------------------
+    async def closed_loop(self, *, concurrency: int, duration_s: float | None = None, requests: int | None = None, drain_s: float = 2.0) -> list[Result]:
+        """``concurrency`` requests always in flight, for ``duration_s`` or about ``requests``."""
+        self._mode = "closed"
+        self._limit = requests
+        self.running = True
+        self._fast = requests is None or requests > concurrency
+        sweeper = asyncio.ensure_future(self._sweep())
+        try:
+            start = time.perf_counter_ns()
+            for _ in range(concurrency if requests is None else min(concurrency, requests)):
+                self._spawn(self._reconnect_and_send())
+            await self._wait(start, duration_s, requests)
+        finally:
+            sweeper.cancel()
+            await self._finish(drain_s)
+        return self.results
+
+    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float = 2.0) -> list[Result]:
+        """Requests sent on a fixed schedule at ``rate``/s, whatever the server does."""
+        self._mode = "open"
+        self.running = True
+        sweeper = asyncio.ensure_future(self._sweep())
+        for _ in range(min(self.max_connections, 4)):  # a few connections ready before the clock starts
+            try:
+                self.idle.append(await self._connect())
+            except (OSError, asyncio.TimeoutError):
+                break
+        start = time.perf_counter_ns()
+        end = start + round(duration_s * 1e9) if duration_s is not None else None
+        try:
+            for k, due in enumerate(schedule(rate, start, poisson=poisson, seed=seed)):
+                if (end is not None and due >= end) or (requests is not None and k >= requests) or self.stopped:
+                    break
+                now = time.perf_counter_ns()
+                # the loop's timers are coarse (1 ms under uvloop): wake a little early and send
+                # on time; latency counts from the earlier of the schedule and the actual send
+                if due - now > _EARLY_NS:
+                    await asyncio.sleep((due - now - _EARLY_NS) / 1e9)
+                    now = time.perf_counter_ns()
+                self.lags.append(now - due)  # > 0: the generator itself is late
+                if self.idle:
+                    conn = self.idle.pop()
+                    if conn.open:
+                        self._send(conn, due)
+                        continue
+                self.pending.append(due)
+                if len(self.conns) + self.connecting < self.max_connections:
+                    self._spawn(self._open_and_dispatch())
+        finally:
+            sweeper.cancel()
+            await self._finish(drain_s)
+        for sched in self.pending:  # never sent: they count, as failures of the run
+            self.results.append((sched, sched, time.perf_counter_ns(), 0, None, "not sent"))
+        self.pending.clear()
+        return self.results
+
+    async def _wait(self, start: int, duration_s: float | None, requests: int | None) -> None:
+        self._stop_event = asyncio.Event()
+        if self.stopped:
+            return
+        if duration_s is not None:
+            remaining = max(0.0, duration_s - (time.perf_counter_ns() - start) / 1e9)
+            try:
+                await asyncio.wait_for(self._stop_event.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+            return
+        while len(self.results) < (requests or 0) and not self.stopped:
+            await asyncio.sleep(0.005)
+
+
+def _connect_error(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "connect timeout"
+    return f"connect error ({type(exc).__name__})"
