@@ -27,6 +27,7 @@ from .recorder import Recorder
 from .report import Report
 from .servertiming import server_timing_durations
 from .stats import Distribution, summarize
+from .timing import OTHER
 
 __all__ = ["BenchOptions", "parse_duration", "run_bench", "results_report"]
 
@@ -152,7 +153,10 @@ def results_report(
                 stages, total = {}, None
             if stages or total is not None:
                 with_timing += 1
-                server = total if total is not None else sum(stages.values())
+                covered = sum(stages.values())
+                if total is not None and total > covered:  # server time outside its stages
+                    stages[OTHER] = stages.get(OTHER, 0.0) + total - covered
+                server = total if total is not None else covered
                 stages[NETWORK] = max(from_send - server, 0.0)
         wait = (sent - sched) / 1e6
         if wait > 0 and stages:

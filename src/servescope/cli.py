@@ -9,7 +9,7 @@ from typing import NoReturn, Sequence
 from rich.console import Console
 
 from . import __version__
-from .exceptions import ServescopeError
+from .exceptions import ConfigError, ServescopeError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,6 +27,43 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _duration(text: str) -> float:
+    from .bench import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ServescopeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers like 1,2,4, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return values
+
+
+def _rate_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected requests/s like 100 or 50,100,200, got {text!r}") from None
+    if any(not v > 0 or v == float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"a rate must be > 0 requests/s, got {text!r}")
+    return values
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected 'Name: value', got {text!r}")
+    return name.strip(), value.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="servescope", description="Where an inference endpoint's time goes, and why.")
     parser.add_argument("--version", action="version", version=f"servescope {__version__}")
@@ -37,10 +74,91 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cuda", choices=["auto", "events", "sync", "wall"], default="auto", help="GPU timing mode")
     demo.add_argument("--json", metavar="FILE", help="also save the report as JSON")
 
+    bench = sub.add_parser("bench", help="load-test an HTTP endpoint; per-stage latency from its Server-Timing")
+    bench.add_argument("url", help="the endpoint, e.g. http://127.0.0.1:8000/predict")
+    bench.add_argument("-X", "--method", default=None, help="HTTP method (default GET, or POST with a body)")
+    bench.add_argument("--body", metavar="FILE", action="append", default=[], help="request body from a file; repeat to cycle several")
+    bench.add_argument("-H", "--header", action="append", default=[], type=_header, help="'Name: value', repeatable")
+    bench.add_argument("--content-type", help="Content-Type of the body (default: JSON when the body parses as JSON)")
+    bench.add_argument("-c", "--concurrency", type=_int_list, help="closed loop: requests in flight; a list (1,2,4,8) sweeps")
+    bench.add_argument("-r", "--rate", type=_rate_list, help="open loop: requests/s on a fixed schedule; a list sweeps")
+    bench.add_argument("--poisson", action="store_true", help="open loop with Poisson (random) arrivals")
+    bench.add_argument("-d", "--duration", type=_duration, default=10.0, help="measured time per level (default 10s)")
+    bench.add_argument("-n", "--requests", type=_positive_int, help="measured requests per level, instead of --duration")
+    bench.add_argument("--warmup", type=_duration, default=1.0, help="load before measuring, excluded (default 1s)")
+    bench.add_argument("--timeout", type=_duration, default=30.0, help="per-request timeout (default 30s)")
+    bench.add_argument("--max-connections", type=_positive_int, default=1024, help="open loop: connection cap")
+    bench.add_argument("--seed", type=int, help="seed for --poisson arrivals")
+    bench.add_argument("--json", metavar="FILE", help="write the report (JSON)")
+    bench.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+
     report = sub.add_parser("report", help="print a saved report (JSON) again")
     report.add_argument("file", help="a report saved with --json")
     report.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     return parser
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    import orjson
+
+    from .bench import BenchOptions, run_bench, sweep_summary
+    from .renderers.html import render_html
+    from .renderers.progress import BenchProgress
+    from .renderers.sweep import render_sweep
+    from .renderers.terminal import render_terminal
+
+    bodies = []
+    for name in args.body:
+        try:
+            bodies.append(Path(name).read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"cannot read body file {name!r}: {exc.strerror or exc}") from None
+    content_type = args.content_type
+    if bodies and content_type is None:
+        try:
+            orjson.loads(bodies[0])
+            content_type = "application/json"
+        except orjson.JSONDecodeError:
+            content_type = "application/octet-stream"
+    options = BenchOptions(
+        url=args.url,
+        method=args.method or ("POST" if bodies else "GET"),
+        bodies=bodies,
+        headers=args.header,
+        content_type=content_type,
+        concurrency=args.concurrency or [],
+        rate=args.rate or [],
+        poisson=args.poisson,
+        duration_s=args.duration,
+        requests=args.requests,
+        warmup_s=args.warmup,
+        timeout_s=args.timeout,
+        max_connections=args.max_connections,
+        seed=args.seed,
+    )
+    with BenchProgress(console, seconds=args.warmup + args.duration if not args.requests else None, requests=args.requests) as progress:
+        reports = run_bench(options, on_tick=progress.tick)
+    if not reports:
+        console.print("No load level completed.")
+        return 1
+    final = reports[-1]
+    rows = sweep_summary(reports)
+    if len(reports) > 1:
+        render_sweep(rows, console=console)
+        final.extra["sweep"] = rows
+        final.extra["levels"] = [r.to_dict(distributions=False, samples=False) for r in reports]
+    render_terminal(final, console=console)
+    if final.meta.get("interrupted"):
+        console.print("[yellow]Interrupted: the report covers what ran.[/]")
+    if args.json:
+        final.save(args.json)
+        console.print(f"Report saved to {args.json}")
+    if args.html:
+        Path(args.html).write_text(render_html(final, sweep=rows))
+        console.print(f"HTML report saved to {args.html}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.json:
                 rep.save(args.json)
                 console.print(f"Report saved to {args.json} (re-render: servescope report {args.json})")
+        elif args.command == "bench":
+            return _bench(args, console)
         elif args.command == "report":
             from .renderers import render_json, render_terminal
             from .report import Report

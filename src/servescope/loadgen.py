@@ -327,7 +327,11 @@ class LoadGenerator:
                 await asyncio.wait_for(self._drained, drain_s)
             except asyncio.TimeoutError:
                 pass
-        for conn in self.conns:
+        for task in list(self._tasks):  # reconnects still waiting on a dead server
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in self.conns + self.idle:
             if conn.transport is not None:
                 conn.transport.close()
 

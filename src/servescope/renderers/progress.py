@@ -1,0 +1,60 @@
+"""The live line while load runs: elapsed, requests, current throughput, p95, errors."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class BenchProgress:
+    """Feeds a rich progress bar from the generator's results, four times a second."""
+
+    def __init__(self, console: Console, *, seconds: float | None, requests: int | None) -> None:
+        self.seconds = seconds
+        self.requests = requests
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[stats]}"),
+            console=console,
+            transient=True,
+            refresh_per_second=4,
+            disable=not console.is_terminal,  # a pipe or CI log gets the result, not frames
+        )
+        self._tasks: dict[str, Any] = {}
+        self._seen: dict[str, int] = {}
+        self._last: dict[str, float] = {}
+        self._started: dict[str, float] = {}
+
+    def __enter__(self) -> BenchProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def tick(self, label: str, gen: Any) -> None:
+        now = time.monotonic()
+        if label not in self._tasks:
+            total = self.requests if self.requests else (self.seconds or 1.0)
+            self._tasks[label] = self.progress.add_task(label, total=total, stats="")
+            self._seen[label] = 0
+            self._last[label] = self._started[label] = now
+            return
+        results = gen.results
+        start = self._seen[label]
+        window = results[start:]
+        self._seen[label] = len(results)
+        dt = max(now - self._last[label], 1e-6)
+        self._last[label] = now
+        ok = [(r[2] - min(r[0], r[1])) / 1e6 for r in window if r[5] is None and r[3] < 400]
+        errors = sum(1 for r in results if r[5] is not None or r[3] >= 400)
+        p95 = f"{np.percentile(ok, 95):.2f} ms" if ok else "-"
+        stats = f"{len(results)} req · {len(window) / dt:,.0f} req/s · p95 {p95} · errors {errors}"
+        done = len(results) if self.requests else now - self._started[label]
+        self.progress.update(self._tasks[label], completed=done, stats=stats)

@@ -1,0 +1,95 @@
+"""servescope bench against real servers on loopback (generous bounds: a shared 2-core box)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from servescope.bench import NETWORK, BenchOptions, run_bench
+
+from .conftest import start_server, stop
+
+pytestmark = pytest.mark.e2e
+DELAY_MS = 20.0
+
+
+def test_fixed_delay_is_measured_within_a_small_margin(test_server):
+    [rep] = run_bench(BenchOptions(url=f"{test_server}/delay", concurrency=[2], duration_s=2, warmup_s=0.3))
+    # stated margin: the p50 sits within [delay, delay + 8 ms] (timer slack and a loaded box)
+    assert DELAY_MS <= rep.latency["p50_ms"] <= DELAY_MS + 8
+    assert rep.latency["count"] >= 50 and not rep.errors
+    assert DELAY_MS - 1 <= rep.stages["infer"]["p50_ms"] <= DELAY_MS + 8
+    assert NETWORK in rep.stages
+    assert rep.latency["first_ms"] >= DELAY_MS
+
+
+def test_open_loop_shows_a_stall_that_a_closed_loop_hides(test_server):
+    # the server blocks its event loop for 500 ms once, 1 s after its first /stall request
+    [rep] = run_bench(BenchOptions(url=f"{test_server}/stall", rate=[50.0], duration_s=3, warmup_s=0))
+    assert rep.latency["max_ms"] >= 400
+    # ~25 requests scheduled during the stall wait for it: well over 1% of 150
+    assert rep.latency["p99_ms"] >= 200
+    assert rep.extra["generator"]["behind"] is False
+
+
+def test_errors_by_status_are_counted(test_server):
+    [rep] = run_bench(BenchOptions(url=f"{test_server}/error", concurrency=[1], requests=20, warmup_s=0))
+    assert rep.errors == {"HTTP 503": 20}
+    assert rep.latency["count"] == 0
+
+
+def run_cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "servescope", "bench", *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_cli_sweep_writes_json_and_html_with_the_same_numbers(test_server, tmp_path):
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    p = run_cli(f"{test_server}/delay", "-c", "1,4", "-d", "1", "--warmup", "0.2", "--json", str(out), "--html", str(page))
+    assert p.returncode == 0, p.stderr
+    assert "Throughput vs latency" in p.stdout and "model inference" in p.stdout
+    data = json.loads(out.read_text())
+    assert [row["level"] for row in data["sweep"]] == [1, 4]
+    assert data["stages"]["infer"]["count"] == data["latency"]["count"]
+    html = page.read_text()
+    assert f"{data['latency']['p50_ms']:.2f} ms" in html
+
+
+def test_unreachable_url_is_one_line_and_exit_2():
+    p = run_cli("http://127.0.0.1:9/predict", "-d", "1")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["servescope: error: cannot reach http://127.0.0.1:9/predict: connection refused"]
+
+
+def test_ctrl_c_still_writes_the_report(test_server, tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servescope", "bench", f"{test_server}/delay", "-c", "2", "-d", "30", "--warmup", "0", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2.5)  # let it measure for a while; the test bounds the run, not a readiness wait
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["interrupted"] is True and data["latency"]["count"] >= 20
+
+
+def test_a_server_that_dies_mid_run_is_data(tmp_path):
+    proc, port = start_server("servers:app")
+    out = tmp_path / "r.json"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "servescope", "bench", f"http://127.0.0.1:{port}/fast", "-c", "2", "-d", "3", "--warmup", "0", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.5)
+    stop(proc)
+    stdout, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["latency"]["count"] > 0
+    assert data["errors"].get("connection refused", 0) + data["errors"].get("connection reset", 0) > 0

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from servescope.bench import CLIENT_WAIT, NETWORK, BenchOptions, parse_duration, results_report
+from servescope.exceptions import ConfigError
+from servescope.loadgen import Target, build_requests, schedule
+from servescope.renderers.html import render_html
+from servescope.renderers.sweep import saturation
+
+MS = 1_000_000
+
+
+@pytest.mark.parametrize("text, seconds", [("10s", 10), ("500ms", 0.5), ("2m", 120), ("1.5", 1.5), ("1h", 3600)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-1s", "10 parsecs", ""])
+def test_bad_durations(text):
+    with pytest.raises(ConfigError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_constant_schedule_is_exact():
+    times = list(itertools.islice(schedule(200, 1_000), 4))
+    assert times == [1_000, 1_000 + 5 * MS, 1_000 + 10 * MS, 1_000 + 15 * MS]
+
+
+def test_poisson_schedule_has_the_rate_and_is_seeded():
+    a = np.array(list(itertools.islice(schedule(500, 0, poisson=True, seed=7), 20_000)))
+    b = list(itertools.islice(schedule(500, 0, poisson=True, seed=7), 10))
+    assert a[:10].tolist() == b
+    gaps = np.diff(a) / 1e9
+    assert gaps.mean() == pytest.approx(1 / 500, rel=0.03)
+    assert gaps.std() == pytest.approx(1 / 500, rel=0.05)  # exponential: std == mean
+
+
+@pytest.mark.parametrize("rate", [0, -5, float("nan")])
+def test_schedule_refuses_a_rate_that_is_not_positive(rate):
+    with pytest.raises(ConfigError, match="rate must be > 0"):
+        next(schedule(rate, 0))
+
+
+def stalled_open_loop():
+    """100 req/s for 3 s; the server answers in 1 ms, except one 500 ms stall at t=1 s.
+
+    One connection: a request is sent when scheduled or when the previous one is done,
+    whichever is later (what a closed-loop tool does, and what hides the stall)."""
+    results = []
+    free_at = 0
+    for k in range(300):
+        sched = k * 10 * MS
+        sent = max(sched, free_at)
+        service = 500 * MS if k == 100 else 1 * MS
+        done = sent + service
+        free_at = done
+        results.append((sched, sent, done, 200, None, None))
+    return results
+
+
+def test_open_loop_latency_counts_from_the_schedule_so_a_stall_shows():
+    rep = results_report(stalled_open_loop(), measure_from_ns=0)
+    assert rep.latency["count"] == 300
+    # the stall delays the 50 requests scheduled behind it: 1% + of requests see >= 250 ms
+    assert rep.latency["p99_ms"] >= 250
+    assert rep.latency["max_ms"] == pytest.approx(500, abs=1)
+    un = rep.extra["uncorrected"]
+    # measured from the actual send, only one request looks slow: the stall is hidden
+    assert un["p99_ms"] < 5 and un["max_ms"] == pytest.approx(500, abs=1)
+    assert rep.latency["p50_ms"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_warmup_requests_are_excluded():
+    rep = results_report(stalled_open_loop(), measure_from_ns=2000 * MS)
+    assert rep.latency["count"] == 100
+    assert rep.extra["requests"] == {"measured": 100, "ok": 100, "warmup": 200}
+    assert rep.extra["throughput_rps"] == pytest.approx(100, rel=0.02)
+
+
+def test_server_timing_becomes_the_breakdown_and_the_network_is_the_rest():
+    st = b"preprocess;dur=2, infer;dur=5, total;dur=7.5"
+    results = [(0, 0, 10 * MS, 200, st, None), (0, 1 * MS, 11 * MS, 200, st, None)]
+    rep = results_report(results, measure_from_ns=0)
+    assert rep.stages["infer"]["mean_ms"] == 5
+    assert rep.stages[NETWORK]["mean_ms"] == pytest.approx(2.5)  # 10 ms seen - 7.5 ms server
+    assert rep.stages[CLIENT_WAIT]["count"] == 1  # the second waited 1 ms for its slot
+    assert rep.extra["server_timing"]["hint"] is None
+    assert sum(s["share"] for s in rep.stages.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_without_server_timing_the_report_says_how_to_get_it():
+    rep = results_report([(0, 0, 3 * MS, 200, None, None)], measure_from_ns=0)
+    assert rep.stages == {}
+    assert "ServescopeMiddleware" in rep.extra["server_timing"]["hint"]
+
+
+def test_errors_are_counted_by_kind_and_kept_apart():
+    results = [
+        (0, 0, 2 * MS, 200, None, None),
+        (0, 0, 1 * MS, 503, None, None),
+        (0, 0, 30_000 * MS, 0, None, "timeout"),
+        (0, 0, 1 * MS, 0, None, "connection refused"),
+        (0, 0, 2 * MS, 200, b"infer;dur=abc", None),
+    ]
+    rep = results_report(results, measure_from_ns=0)
+    assert rep.errors == {"HTTP 503": 1, "timeout": 1, "connection refused": 1}
+    assert rep.latency["count"] == 2 and rep.latency["max_ms"] == 2
+    assert rep.extra["server_timing"]["malformed"] == 1
+
+
+def test_requests_are_http_1_1_with_keep_alive_and_a_length():
+    target = Target.parse("http://127.0.0.1:8000/predict?x=1")
+    reqs = build_requests(target, method="POST", bodies=[b'{"a":1}', b"{}"], headers=[("X-Key", "k")], content_type="application/json")
+    assert len(reqs) == 2
+    head, body = reqs[0].split(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"POST /predict?x=1 HTTP/1.1"
+    assert b"Host: 127.0.0.1:8000" in head and b"Content-Length: 7" in head and b"X-Key: k" in head
+    assert body == b'{"a":1}'
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"url": "ftp://x/"}, "malformed URL"),
+        ({"url": "http://[::1"}, "malformed URL"),
+        ({"url": "http://h/", "concurrency": [2], "rate": [10.0]}, "not both"),
+        ({"url": "http://h/", "concurrency": [0]}, "concurrency must be"),
+        ({"url": "http://h/", "rate": [-1.0]}, "rate must be"),
+        ({"url": "http://h/", "duration_s": 0}, "duration must be > 0"),
+        ({"url": "http://h/", "method": "GE T"}, "not an HTTP method"),
+    ],
+)
+def test_bad_options_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        BenchOptions(**kwargs)
+
+
+def test_a_body_makes_the_default_method_post():
+    assert BenchOptions(url="http://h/", bodies=[b"{}"]).method == "POST"
+
+
+def test_saturation_is_where_throughput_stops_and_latency_climbs():
+    rows = [
+        {"throughput_rps": 100, "p95_ms": 10, "mode": "concurrency", "level": 1},
+        {"throughput_rps": 380, "p95_ms": 11, "mode": "concurrency", "level": 4},
+        {"throughput_rps": 400, "p95_ms": 40, "mode": "concurrency", "level": 16},
+    ]
+    assert saturation(rows)["level"] == 4
+    assert saturation(rows[:2]) is None
+
+
+def test_html_is_self_contained_and_holds_the_numbers():
+    rep = results_report(stalled_open_loop(), measure_from_ns=0, meta={"title": "t<script>"})
+    page = render_html(rep, sweep=[{"mode": "rate", "level": 100, "throughput_rps": 99.0, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 300.0, "errors": 0}] * 2)
+    assert page.startswith("<!doctype html>")
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert f"{rep.latency['p99_ms']:.0f} ms" in page
+    assert "<svg" in page and "Throughput vs latency" in page
