@@ -10,6 +10,7 @@ def test_public_namespace_is_exactly_what_we_document():
             "Distribution",
             "Finding",
             "MissingDependencyError",
+            "Model",
             "Recorder",
             "RecordError",
             "Report",
@@ -25,6 +26,7 @@ def test_public_namespace_is_exactly_what_we_document():
             "current_trace",
             "format_server_timing",
             "parse_server_timing",
+            "serve",
             "stage",
             "trace",
         ]

@@ -23,6 +23,7 @@ from .exceptions import (
     StageError,
 )
 from .recorder import Recorder
+from .serve import Model, serve
 from .report import Finding, Report
 from .servertiming import format_server_timing, parse_server_timing
 from .stats import Distribution
@@ -35,6 +36,7 @@ __all__ = [
     "Distribution",
     "Finding",
     "MissingDependencyError",
+    "Model",
     "Recorder",
     "RecordError",
     "Report",
@@ -50,6 +52,7 @@ __all__ = [
     "current_trace",
     "format_server_timing",
     "parse_server_timing",
+    "serve",
     "stage",
     "trace",
 ]

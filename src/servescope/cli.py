@@ -64,6 +64,16 @@ def _header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="servescope", description="Where an inference endpoint's time goes, and why.")
     parser.add_argument("--version", action="version", version=f"servescope {__version__}")
@@ -92,10 +102,59 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="FILE", help="write the report (JSON)")
     bench.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
 
+    srv = sub.add_parser("serve", help="serve a servescope.Model with batching, warm-up and Server-Timing")
+    srv.add_argument("target", help="path/to/file.py:ModelClass (or an instance, or a serve() app)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=_port, default=8000)
+    srv.add_argument("--max-batch-size", type=_positive_int, default=None, help="largest batch (default 8)")
+    srv.add_argument("--max-wait-ms", type=float, default=None, help="extra wait for a batch to fill (default 0)")
+    srv.add_argument("--max-queue", type=_positive_int, default=None, help="queued requests before 503 (default 256)")
+    srv.add_argument("--timeout", type=_duration, default=None, help="per-request deadline, 504 after (default 30s)")
+    srv.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
+    srv.add_argument("--threads", type=_positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
+
     report = sub.add_parser("report", help="print a saved report (JSON) again")
     report.add_argument("file", help="a report saved with --json")
     report.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from .loader import load_target
+    from .serve import Model, ServeApp, serve
+
+    obj = load_target(args.target)
+    options = {
+        k: v
+        for k, v in {
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": args.max_wait_ms,
+            "max_queue": args.max_queue,
+            "timeout_s": args.timeout,
+            "device": args.device,
+            "threads": args.threads,
+        }.items()
+        if v is not None
+    }
+    if isinstance(obj, type) and issubclass(obj, Model):
+        obj = obj()
+    if isinstance(obj, Model):
+        app = serve(obj, **options)
+    elif isinstance(obj, ServeApp):
+        if options:
+            raise ConfigError(f"{args.target} is already a serve() app: set its options in the file, not here")
+        app = obj
+    else:
+        raise ConfigError(f"{args.target} is {type(obj).__name__}, not a servescope.Model subclass or a serve() app")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("servescope").setLevel(logging.INFO)
+    sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} (loading...)\n")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+    return 0
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
@@ -176,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.json:
                 rep.save(args.json)
                 console.print(f"Report saved to {args.json} (re-render: servescope report {args.json})")
+        elif args.command == "serve":
+            return _serve(args)
         elif args.command == "bench":
             return _bench(args, console)
         elif args.command == "report":

@@ -64,15 +64,18 @@ class PrometheusExporter:
         self._children: dict[str, Any] = {}  # .labels() costs a microsecond: once per stage
 
     def export(self, trace: Trace, info: Any = None) -> None:
+        self.observe(trace.durations_ns, trace.total_ns, getattr(info, "status", None))
+
+    def observe(self, durations_ns: dict[str, int], total_ns: int | None, status: int | None) -> None:
+        """Record one request's stages (ns), total and response status."""
         children = self._children
-        for name, ns in trace.durations_ns.items():
+        for name, ns in durations_ns.items():
             child = children.get(name)
             if child is None:
                 child = children[name] = self.stage_seconds.labels(name)
             child.observe(ns / 1e9)
-        if trace.total_ns is not None:
-            self.request_seconds.observe(trace.total_ns / 1e9)
-        status = getattr(info, "status", None)
+        if total_ns is not None:
+            self.request_seconds.observe(total_ns / 1e9)
         self.requests.labels(str(status) if status is not None else "error").inc()
 
     def exposition(self) -> tuple[bytes, str]:

@@ -1,0 +1,319 @@
+"""The HTTP side of the runtime: a plain ASGI app (no framework in the hot path).
+
+    POST /predict   JSON in, JSON out (msgpack with ``Accept: application/msgpack``)
+    GET  /health    200 as soon as the process answers
+    GET  /ready     200 once the model is loaded and warmed up, 503 before
+    GET  /metrics   Prometheus histograms per stage, batch sizes, queue depth, requests by status
+
+Every /predict response carries ``Server-Timing`` with its stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from ..exceptions import ConfigError
+from ..recorder import Recorder
+from ..servertiming import format_ns
+from .batching import Batcher, Item
+from .model import Model
+from .runtime import Runtime
+
+__all__ = ["ServeApp"]
+
+log = logging.getLogger("servescope")
+
+_JSON = [(b"content-type", b"application/json")]
+
+
+def _error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+class ServeApp:
+    """The runtime as an ASGI app. Build it with ``servescope.serve(model, ...)``."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_batch_size: int = 8,
+        max_wait_ms: float = 0.0,
+        max_queue: int = 256,
+        timeout_s: float = 30.0,
+        max_body_bytes: int = 1 << 20,
+        example: Any = None,
+        device: str | None = None,
+        threads: int | None = None,
+        warmup_batch_sizes: list[int] | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        if not isinstance(model, Model):
+            raise ConfigError(
+                f"serve() takes an instance of a servescope.Model subclass, got {model!r}"
+                + (" (a class: add the brackets)" if isinstance(model, type) else "")
+            )
+        for name, value, low in (("max_batch_size", max_batch_size, 1), ("max_queue", max_queue, 1), ("max_body_bytes", max_body_bytes, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}")
+        if not isinstance(max_wait_ms, (int, float)) or max_wait_ms < 0:
+            raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.model = model
+        self.example = example if example is not None else model.example
+        self.timeout_s = float(timeout_s)
+        self.max_body_bytes = max_body_bytes
+        self.runtime = Runtime(model, device=device, threads=threads)
+        self.batcher = Batcher(self.runtime.process, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
+        sizes = warmup_batch_sizes
+        if sizes is None:  # powers of two up to the largest batch, and the largest itself
+            sizes = sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
+        self.warmup_batch_sizes = sizes
+        self.recorder = recorder if recorder is not None else Recorder()
+        self.state = "starting"
+        self.failure: str | None = None
+        self.info: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self.metrics = _Metrics.create()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def startup(self) -> None:
+        """Start loading in the background: /health answers at once, /ready when warm."""
+        self._loop = asyncio.get_running_loop()
+        self.runtime.on_batch_done = self._deliver  # type: ignore[attr-defined]
+        threading.Thread(target=self._load, name="servescope-load", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            self.state = "loading"
+            info = self.runtime.load()
+            self.state = "warming up"
+            t0 = time.perf_counter()
+            if self.example is not None:
+                info["warmup_batch_sizes"] = self.runtime.warm_up(self.example, self.warmup_batch_sizes)
+            else:
+                info["warmup_batch_sizes"] = []
+                log.warning("servescope: no example payload: serving without warm-up (set Model.example)")
+            info["warmup_s"] = round(time.perf_counter() - t0, 3)
+            info["max_batch_size"] = self.batcher.max_batch_size
+            self.info = info
+            self.batcher.start()
+            self.state = "ready"
+            log.info(
+                "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
+                "torch threads %s of %s CPUs; max_batch_size %d",
+                info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"],
+                info.get("torch_threads", "-"), info["cpus_available"], self.batcher.max_batch_size,
+            )  # fmt: skip
+        except Exception as exc:
+            self.state = "failed"
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.error("servescope: start-up failed: %s", self.failure)
+        finally:
+            self._ready.set()
+
+    async def wait_ready(self, timeout: float = 60.0) -> str:
+        """Wait until start-up has finished (ready or failed); returns the state."""
+        await asyncio.get_running_loop().run_in_executor(None, self._ready.wait, timeout)
+        return self.state
+
+    async def shutdown(self) -> None:
+        """Finish queued work, then stop the worker."""
+        self.state = "stopping"
+        await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop)
+
+    # -- ASGI --------------------------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            method = scope["method"]
+            if path == "/predict":
+                if method != "POST":
+                    await _respond(send, 405, _error_body("use POST /predict with a JSON body"), [(b"allow", b"POST")])
+                else:
+                    await self._predict(scope, receive, send)
+            elif path == "/health":
+                await _respond(send, 200, orjson.dumps({"status": "alive", "state": self.state}))
+            elif path == "/ready":
+                ok = self.state == "ready"
+                body = {"ready": ok, "state": self.state, **({"error": self.failure} if self.failure else {})}
+                await _respond(send, 200 if ok else 503, orjson.dumps(body))
+            elif path == "/metrics":
+                await self._serve_metrics(send)
+            else:
+                await _respond(send, 404, _error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics"))
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    try:
+                        await self.startup()
+                    except Exception as exc:  # pragma: no cover - startup only spawns a thread
+                        await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                        return
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.shutdown()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _predict(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        now = time.perf_counter_ns
+        t0 = now()
+        if self.state != "ready":
+            status = 500 if self.state == "failed" else 503
+            await self._reply(send, status, _error_body(f"not ready: {self.state}" + (f" ({self.failure})" if self.failure else "")), t0, {}, retry=status == 503)
+            return
+        # receive, with a size limit that answers before reading a huge body
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                await self._reply(send, 413, _error_body(f"request body over {self.max_body_bytes} bytes"), t0, {})
+                return
+        t1 = now()
+        durations: dict[str, int] = {"receive": t1 - t0}
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            durations["validate"] = now() - t1
+            await self._reply(send, 400, _error_body(f"request body is not valid JSON: {exc}"), t0, durations)
+            return
+        try:
+            item_value = self.model.validate(payload)
+        except Exception as exc:
+            durations["validate"] = now() - t1
+            await self._reply(send, 422, _error_body(f"invalid payload: {type(exc).__name__}: {exc}"), t0, durations)
+            return
+        durations["validate"] = now() - t1
+        accept = "json"
+        for name, value in scope.get("headers", ()):
+            if name == b"accept" and b"msgpack" in value:
+                accept = "msgpack"
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[Item] = loop.create_future()
+        item = Item(item_value, future=future, accept=accept)
+        if not self.batcher.submit(item):
+            await self._reply(send, 503, _error_body("server busy: the queue is full, retry later"), t0, durations, retry=True)
+            return
+        watcher = None
+        try:
+            if self.batcher.depth() > 1:  # it will wait: free its slot if the client leaves
+                watcher = asyncio.ensure_future(_disconnected(receive))
+                done, _ = await asyncio.wait({future, watcher}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+                if future not in done:
+                    item.cancelled = True
+                    if watcher in done:
+                        return  # the client is gone: nobody to answer
+                    raise asyncio.TimeoutError
+            else:
+                await asyncio.wait_for(future, self.timeout_s)
+        except asyncio.TimeoutError:
+            item.cancelled = True
+            await self._reply(send, 504, _error_body(f"no answer within {self.timeout_s:g} s"), t0, durations)
+            return
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        durations.update(item.durations)
+        if item.error is not None:
+            await self._reply(send, item.status, _error_body(item.error), t0, durations)
+            return
+        ctype = b"application/msgpack" if accept == "msgpack" else b"application/json"
+        await self._reply(send, 200, item.body or b"null", t0, durations, content_type=ctype)
+
+    def _deliver(self, items: list[Item]) -> None:
+        """From the worker thread: hand a finished batch back to the event loop, in one wake-up."""
+        futures = [(it.future, it) for it in items if it.future is not None]
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(len(items))
+            self.metrics.queue_depth.set(self.batcher.depth())
+        if futures and self._loop is not None:
+            self._loop.call_soon_threadsafe(_resolve, futures)
+
+    async def _reply(
+        self,
+        send: Any,
+        status: int,
+        body: bytes,
+        t0: int,
+        durations: dict[str, int],
+        *,
+        retry: bool = False,
+        content_type: bytes = b"application/json",
+    ) -> None:
+        total = time.perf_counter_ns() - t0
+        headers = [(b"content-type", content_type), (b"server-timing", format_ns(durations, total).encode())]
+        if retry:
+            headers.append((b"retry-after", b"1"))
+        await _respond(send, status, body, headers)
+        error = None if status < 400 else f"HTTP {status}"
+        self.recorder.record_ns(durations, total, error)
+        if self.metrics is not None:
+            self.metrics.observe(durations, total, status)
+
+    async def _serve_metrics(self, send: Any) -> None:
+        if self.metrics is None:
+            await _respond(send, 501, _error_body("metrics need prometheus-client: pip install 'servescope[prometheus]'"))
+            return
+        self.metrics.queue_depth.set(self.batcher.depth())
+        body, ctype = self.metrics.exporter.exposition()
+        await _respond(send, 200, body, [(b"content-type", ctype.encode())])
+
+
+def _resolve(pairs: list[tuple[asyncio.Future[Item], Item]]) -> None:
+    for future, item in pairs:
+        if not future.done():
+            future.set_result(item)
+
+
+async def _disconnected(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = headers if headers is not None else _JSON
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Metrics:
+    """The runtime's Prometheus metrics, on the exporter's registry."""
+
+    def __init__(self, exporter: Any) -> None:
+        import prometheus_client as prom
+
+        self.exporter = exporter
+        self.batch_size = prom.Histogram(
+            "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=exporter.registry
+        )
+        self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=exporter.registry)
+
+    @classmethod
+    def create(cls) -> _Metrics | None:
+        try:
+            from ..exporters import PrometheusExporter
+
+            return cls(PrometheusExporter())
+        except ImportError:
+            return None
+
+    def observe(self, durations: dict[str, int], total: int, status: int) -> None:
+        self.exporter.observe(durations, total, status)

@@ -1,0 +1,122 @@
+"""Dynamic batching: one worker thread takes what is queued, runs it as one forward.
+
+A lone request never waits for a batch that will not fill: the worker takes the first item
+as soon as it arrives and only what is *already* queued beside it (up to ``max_batch_size``),
+so batches grow exactly when the model is busy. ``max_wait_ms > 0`` adds an optional wait
+for more items after the first, for models where a bigger batch is worth the delay.
+
+The queue is bounded: ``submit`` answers False when ``max_queue`` items wait, and the
+server answers 503 at once instead of letting latency grow without bound.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+__all__ = ["Batcher", "Item"]
+
+_STOP = object()
+
+
+class Item:
+    """One request's passage through the worker."""
+
+    __slots__ = ("payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept")
+
+    def __init__(self, payload: Any, *, future: Any = None, accept: str = "json") -> None:
+        self.payload = payload
+        self.enqueued_ns = 0
+        self.cancelled = False  # the client left, or its deadline passed: skip it
+        self.durations: dict[str, int] = {}
+        self.body: bytes | None = None
+        self.error: str | None = None
+        self.status = 200
+        self.future = future  # an asyncio.Future the server awaits (None in warm-up and tests)
+        self.accept = accept
+
+
+class Batcher:
+    """Feeds batches of items to ``process(items)`` on its own thread."""
+
+    def __init__(
+        self,
+        process: Callable[[list[Item]], None],
+        *,
+        max_batch_size: int = 8,
+        max_wait_ms: float = 0.0,
+        max_queue: int = 256,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.process = process
+        self.max_batch_size = max_batch_size
+        self.max_wait_ns = round(max_wait_ms * 1e6)
+        self.max_queue = max_queue
+        self.clock = clock
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.batches = 0
+
+    def depth(self) -> int:
+        return self._q.qsize()
+
+    def submit(self, item: Item) -> bool:
+        """Queue an item; False (and nothing queued) when the queue is full."""
+        if self._q.qsize() >= self.max_queue:
+            return False
+        item.enqueued_ns = self.clock()
+        self._q.put(item)
+        return True
+
+    def next_batch(self, *, block: bool = True) -> list[Item] | None:
+        """The next batch, or None once stopped. ``block=False`` returns [] when idle."""
+        q = self._q
+        while True:
+            try:
+                first = q.get(block)
+            except queue.Empty:
+                return []
+            if first is _STOP:
+                return None
+            if not first.cancelled:
+                break
+        batch = [first]
+        deadline = self.clock() + self.max_wait_ns if self.max_wait_ns else 0
+        while len(batch) < self.max_batch_size:
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                remaining = deadline - self.clock() if deadline else 0
+                if remaining <= 0:
+                    break
+                try:
+                    item = q.get(timeout=remaining / 1e9)
+                except queue.Empty:
+                    break
+            if item is _STOP:
+                q.put(_STOP)  # finish this batch, stop on the next call
+                break
+            if not item.cancelled:
+                batch.append(item)
+        return batch
+
+    def run(self) -> None:
+        """The worker loop: until ``stop()``."""
+        while True:
+            batch = self.next_batch()
+            if batch is None:
+                return
+            self.batches += 1
+            self.process(batch)
+
+    def start(self, name: str = "servescope-worker") -> None:
+        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Finish what is queued, then end the worker thread."""
+        self._q.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout)
