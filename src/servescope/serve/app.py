@@ -11,6 +11,7 @@ Every /predict response carries ``Server-Timing`` with its stages.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import threading
 import time
@@ -83,6 +84,7 @@ class ServeApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self.metrics = _Metrics.create()
+        self._msgpack = importlib.util.find_spec("msgpack") is not None  # else JSON for everyone
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -202,7 +204,7 @@ class ServeApp:
         durations["validate"] = now() - t1
         accept = "json"
         for name, value in scope.get("headers", ()):
-            if name == b"accept" and b"msgpack" in value:
+            if name == b"accept" and b"msgpack" in value and self._msgpack:
                 accept = "msgpack"
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Item] = loop.create_future()
@@ -212,7 +214,7 @@ class ServeApp:
             return
         watcher = None
         try:
-            if self.batcher.depth() > 1:  # it will wait: free its slot if the client leaves
+            if self.batcher.busy or self.batcher.depth() > 1:  # it will wait: free its slot if the client leaves
                 watcher = asyncio.ensure_future(_disconnected(receive))
                 done, _ = await asyncio.wait({future, watcher}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
                 if future not in done:

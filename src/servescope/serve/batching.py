@@ -58,6 +58,7 @@ class Batcher:
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.batches = 0
+        self.busy = False  # a batch is being processed right now
 
     def depth(self) -> int:
         return self._q.qsize()
@@ -109,7 +110,11 @@ class Batcher:
             if batch is None:
                 return
             self.batches += 1
-            self.process(batch)
+            self.busy = True
+            try:
+                self.process(batch)
+            finally:
+                self.busy = False
 
     def start(self, name: str = "servescope-worker") -> None:
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)

@@ -109,6 +109,16 @@ class Runtime:
 
     # -- the batch ---------------------------------------------------------------------------
     def process(self, items: list[Item]) -> None:
+        try:
+            self._process(items)
+        except Exception as exc:  # a bug of ours or a hook's: fail the batch, keep the worker
+            for it in items:
+                if it.body is None and it.error is None:
+                    _fail(it, exc, 500)
+        if self.on_batch_done is not None:
+            self.on_batch_done(items)
+
+    def _process(self, items: list[Item]) -> None:
         now = time.perf_counter_ns
         start = now()
         model = self.model
@@ -143,8 +153,6 @@ class Runtime:
                     continue
                 it.durations["postprocess"] = t2 - t
                 it.durations["serialize"] = now() - t2
-        if self.on_batch_done is not None:
-            self.on_batch_done(items)
 
     def _forward(self, items: list[Item], inputs: list[Any]) -> list[Any]:
         """Collate, copy, forward, copy back and split; on failure retry one by one."""

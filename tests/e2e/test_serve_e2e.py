@@ -1,0 +1,138 @@
+"""`servescope serve` as users run it: a subprocess on loopback, real HTTP, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from servescope.bench import BenchOptions, run_bench
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+BODY = json.dumps({"x": [0.1] * 256}).encode()
+
+
+def start(*extra: str, target: str = "examples/mlp_serve.py:MLP"):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servescope", "serve", target, "--port", str(port), *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # readiness flag, not a fixed sleep
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if urllib.request.urlopen(f"{url}/ready", timeout=1).status == 200:
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("not ready")
+
+
+def post(url: str, timeout: float = 30):
+    req = urllib.request.Request(f"{url}/predict", data=BODY, headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start("--max-batch-size", "16")
+    yield proc, url
+    proc.terminate()
+    proc.communicate(timeout=30)
+
+
+def test_serve_answers_and_says_what_it_picked(server):
+    proc, url = server
+    r = post(url)
+    assert r.status == 200 and len(json.loads(r.read())["logits"]) == 10
+    assert "infer;dur=" in r.headers["Server-Timing"]
+
+
+def test_bench_sees_the_runtimes_stage_breakdown(server):
+    _, url = server
+    [rep] = run_bench(BenchOptions(url=f"{url}/predict", bodies=[BODY], content_type="application/json", concurrency=[8], duration_s=2, warmup_s=0.3))
+    assert not rep.errors
+    assert {"queue", "preprocess", "infer", "serialize", "network+client"} <= set(rep.stages)
+
+
+def test_memory_stays_flat_under_a_bounded_soak(server):
+    proc, url = server
+    opts = BenchOptions(url=f"{url}/predict", bodies=[BODY], content_type="application/json", concurrency=[8], duration_s=3, warmup_s=0.3)
+    run_bench(opts)  # settle allocator and caches
+    before = rss_kb(proc.pid)
+    [rep] = run_bench(opts)
+    run_bench(opts)
+    after = rss_kb(proc.pid)
+    assert rep.latency["count"] > 100
+    assert after - before < 30_000, f"RSS grew {after - before} kB over two soaks"
+
+
+SLOW = """
+import time, torch, servescope
+class Slow(servescope.Model):
+    example = {"x": [0.0] * 256}
+    def load(self, device):
+        return torch.nn.Linear(256, 10)
+    def preprocess(self, item):
+        return torch.tensor(item["x"])
+    def infer(self, batch):
+        if batch.shape[0] and float(batch[0, 0]) > 0:   # real requests, not the warm-up
+            time.sleep(0.5)
+        return self.model(batch)
+    def postprocess(self, output):
+        return {"y": output.numpy()}
+"""
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    proc, url = start(target=f"{tmp_path / 'slow.py'}:Slow")
+    results = []
+
+    def slow_client():
+        try:
+            results.append(post(url).status)
+        except OSError as exc:
+            results.append(exc)
+
+    clients = [threading.Thread(target=slow_client) for _ in range(4)]
+    for c in clients:
+        c.start()
+    time.sleep(0.2)  # the requests are in flight: each takes 0.5 s in the model
+    proc.send_signal(signal.SIGTERM)
+    for c in clients:
+        c.join(30)
+    _, err = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal: -15 is its normal exit
+    assert proc.returncode in (0, -signal.SIGTERM), err
+    assert results == [200, 200, 200, 200], results
+    assert "ready. model on cpu" in err and "torch threads" in err
+
+
+def test_a_target_that_is_not_a_model_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\n")
+    p = subprocess.run([sys.executable, "-m", "servescope", "serve", f"{bad}:x"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [f"servescope: error: {bad}:x is int, not a servescope.Model subclass or a serve() app"]

@@ -1,0 +1,381 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import msgpack
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+import servescope
+from servescope.exceptions import ConfigError
+from servescope.serve.batching import Batcher, Item
+from servescope.servertiming import server_timing_durations
+
+
+class Doubler(servescope.Model):
+    """y = 2x on 4 features, through a real nn.Module; records what the runtime did."""
+
+    example = {"x": [0.0, 0.0, 0.0, 0.0]}
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.loads = 0
+        self.batch_sizes: list[int] = []
+        self.modes: list[tuple[bool, bool]] = []
+        self.gate = gate  # when set, the first forward after warm-up waits for it
+
+    def load(self, device):
+        self.loads += 1
+        lin = torch.nn.Linear(4, 4, bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(torch.eye(4) * 2)
+        return torch.nn.Sequential(lin, torch.nn.Dropout(0.5))  # dropout: eval() must be on
+
+    def validate(self, payload):
+        x = payload["x"]
+        if len(x) != 4:
+            raise ValueError("x needs 4 numbers")
+        return x
+
+    def preprocess(self, item):
+        if item[0] == -1:
+            raise RuntimeError("bad item")
+        return torch.tensor(item, dtype=torch.float32)
+
+    def infer(self, batch):
+        if self.gate is not None and len(self.batch_sizes) >= 4:  # past the warm-up (1, 2, 4, 8)
+            self.gate.wait(10)
+        self.batch_sizes.append(batch.shape[0])
+        self.modes.append((torch.is_inference_mode_enabled(), self.model.training))
+        if (batch[:, 0] == -2).any():
+            raise RuntimeError("poisoned batch")
+        return self.model(batch)
+
+    def postprocess(self, output):
+        if output[0] == -6:
+            raise ValueError("cannot postprocess")
+        return {"y": output.numpy()}
+
+
+class Running:
+    """Start the app's runtime in-process and talk to it over an in-process transport."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __aenter__(self):
+        await self.app.startup()
+        assert await self.app.wait_ready() == "ready", self.app.failure
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://t")
+        return self.client
+
+    async def __aexit__(self, *exc):
+        await self.client.aclose()
+        await self.app.shutdown()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_predict_answers_with_every_fix_applied_and_a_server_timing():
+    model = Doubler()
+    app = servescope.serve(model, max_batch_size=8)
+
+    async def go():
+        async with Running(app) as client:
+            rs = [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(3)]
+        return rs
+
+    rs = run(go())
+    assert all(r.status_code == 200 for r in rs)
+    assert rs[0].json() == {"y": [2.0, 4.0, 6.0, 8.0]}  # dropout off: eval() was called
+    assert model.loads == 1
+    assert all(mode == (True, False) for mode in model.modes)  # inference_mode, not training
+    stages, total = server_timing_durations(rs[0].headers["server-timing"])
+    assert {"queue", "validate", "preprocess", "to_device", "infer", "to_host", "postprocess", "serialize"} <= set(stages)
+    assert total >= stages["infer"]
+    rep = app.recorder.report()
+    assert rep.latency["count"] == 3
+
+
+def test_warm_up_runs_each_batch_size_before_ready():
+    model = Doubler()
+    app = servescope.serve(model, max_batch_size=6)
+
+    async def go():
+        await app.startup()
+        await app.wait_ready()
+
+    run(go())
+    assert model.batch_sizes == [1, 2, 4, 6]
+    assert app.info["warmup_batch_sizes"] == [1, 2, 4, 6]
+    run(app.shutdown())
+
+
+def test_health_answers_at_once_and_ready_only_after_loading():
+    release = threading.Event()
+
+    class Slow(Doubler):
+        def load(self, device):
+            release.wait(10)
+            return super().load(device)
+
+    app = servescope.serve(Slow())
+
+    async def go():
+        await app.startup()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            health = await client.get("/health")
+            ready_before = await client.get("/ready")
+            predict_before = await client.post("/predict", json={"x": [1, 2, 3, 4]})
+            release.set()
+            await app.wait_ready()
+            ready_after = await client.get("/ready")
+        await app.shutdown()
+        return health, ready_before, predict_before, ready_after
+
+    health, before, predict_before, after = run(go())
+    assert health.status_code == 200
+    assert before.status_code == 503 and before.json()["ready"] is False
+    assert predict_before.status_code == 503 and predict_before.headers["retry-after"] == "1"
+    assert after.status_code == 200
+
+
+def test_concurrent_requests_are_batched():
+    gate = threading.Event()
+    model = Doubler(gate)
+    app = servescope.serve(model, max_batch_size=8)
+
+    async def go():
+        async with Running(app) as client:
+            first = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
+            while not model.batch_sizes[4:] and app.batcher.depth() == 0 and not first.done():
+                await asyncio.sleep(0.005)
+                if len(model.modes) >= 4 and app.batcher.batches >= 1:
+                    break
+            rest = [asyncio.ensure_future(client.post("/predict", json={"x": [i, 0, 0, 0]})) for i in range(6)]
+            while app.batcher.depth() < 6:
+                await asyncio.sleep(0.005)
+            gate.set()
+            return await first, await asyncio.gather(*rest)
+
+    first, rest = run(go())
+    assert first.status_code == 200 and all(r.status_code == 200 for r in rest)
+    assert [r.json()["y"][0] for r in rest] == [2.0 * i for i in range(6)]  # each got its own answer
+    assert model.batch_sizes[4:] == [1, 6]  # the lone first did not wait; the six went as one
+
+
+@pytest.mark.parametrize(
+    "content, status, message",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b'{"x": [1, 2]}', 422, "x needs 4 numbers"),
+        (b'{"y": 1}', 422, "KeyError"),
+        (b'{"x": [' + b"1," * 600_000 + b"1]}", 413, "request body over"),
+    ],
+)
+def test_bad_requests_get_a_4xx_that_says_why(content, status, message):
+    app = servescope.serve(Doubler())
+
+    async def go():
+        async with Running(app) as client:
+            bad = await client.post("/predict", content=content)
+            good = await client.post("/predict", json={"x": [1, 2, 3, 4]})
+        return bad, good
+
+    bad, good = run(go())
+    assert bad.status_code == status and message in bad.json()["error"]
+    assert good.status_code == 200  # and the server keeps serving
+
+
+def test_routes_and_methods():
+    app = servescope.serve(Doubler())
+
+    async def go():
+        async with Running(app) as client:
+            return await client.get("/predict"), await client.get("/nope")
+
+    wrong_method, missing = run(go())
+    assert wrong_method.status_code == 405 and missing.status_code == 404
+
+
+def test_one_items_failure_is_that_items_only():
+    model = Doubler()
+    app = servescope.serve(model, max_batch_size=8)
+
+    async def go():
+        async with Running(app) as client:
+            payloads = [[1, 1, 1, 1], [-1, 0, 0, 0], [-2, 0, 0, 0], [-3, 0, 0, 0], [2, 2, 2, 2]]
+            return await asyncio.gather(*(client.post("/predict", json={"x": p}) for p in payloads))
+
+    ok1, bad_pre, poisoned, bad_post, ok2 = run(go())
+    assert ok1.status_code == 200 and ok2.status_code == 200
+    assert bad_pre.status_code == 500 and "bad item" in bad_pre.json()["error"]
+    assert poisoned.status_code == 500 and "poisoned batch" in poisoned.json()["error"]
+    assert bad_post.status_code == 500 and "cannot postprocess" in bad_post.json()["error"]
+    assert ok2.json()["y"] == [4.0, 4.0, 4.0, 4.0]
+
+
+def test_a_full_queue_answers_503_at_once_and_a_deadline_504():
+    gate = threading.Event()
+    model = Doubler(gate)
+    app = servescope.serve(model, max_queue=2, timeout_s=0.3)
+
+    async def go():
+        async with Running(app) as client:
+            stuck = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
+            while app.batcher.batches < 1:
+                await asyncio.sleep(0.005)
+            queued = [asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]})) for _ in range(2)]
+            while app.batcher.depth() < 2:
+                await asyncio.sleep(0.005)
+            shed = await client.post("/predict", json={"x": [1, 1, 1, 1]})
+            timed_out = await stuck
+            gate.set()
+            return shed, timed_out, await asyncio.gather(*queued)
+
+    shed, timed_out, queued = run(go())
+    assert shed.status_code == 503 and shed.headers["retry-after"] == "1" and "queue is full" in shed.json()["error"]
+    assert timed_out.status_code == 504
+    assert {r.status_code for r in queued} <= {200, 504}
+    rep = app.recorder.report()
+    assert rep.errors.get("HTTP 503") == 1
+
+
+def test_a_client_that_leaves_frees_its_slot():
+    gate = threading.Event()
+    model = Doubler(gate)
+    app = servescope.serve(model)
+
+    async def go():
+        await app.startup()
+        await app.wait_ready()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            stuck = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
+            while app.batcher.batches < 1:
+                await asyncio.sleep(0.005)
+            # a second request that waits in the queue, then its client disconnects
+            messages = [{"type": "http.request", "body": b'{"x": [5, 5, 5, 5]}', "more_body": False}]
+            left = asyncio.Event()
+
+            async def receive():
+                if messages:
+                    return messages.pop()
+                await left.wait()
+                return {"type": "http.disconnect"}
+
+            sent = []
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": "/predict", "headers": [], "query_string": b""}
+            call = asyncio.ensure_future(app(scope, receive, send))
+            while app.batcher.depth() < 1:
+                await asyncio.sleep(0.005)
+            left.set()
+            await call
+            gate.set()
+            await stuck
+        await app.shutdown()
+        return sent
+
+    sent = run(go())
+    assert sent == []  # nobody to answer
+    assert model.batch_sizes[4:] == [1]  # the stuck one only: the departed item was skipped
+
+
+def test_msgpack_when_the_client_asks_for_it():
+    app = servescope.serve(Doubler())
+
+    async def go():
+        async with Running(app) as client:
+            return await client.post("/predict", json={"x": [1, 2, 3, 4]}, headers={"Accept": "application/msgpack"})
+
+    r = run(go())
+    assert r.headers["content-type"] == "application/msgpack"
+    assert msgpack.unpackb(r.content) == {"y": [2.0, 4.0, 6.0, 8.0]}
+
+
+def test_metrics_expose_stages_batches_queue_and_statuses():
+    app = servescope.serve(Doubler())
+
+    async def go():
+        async with Running(app) as client:
+            await client.post("/predict", json={"x": [1, 2, 3, 4]})
+            await client.post("/predict", content=b"nope")
+            return await client.get("/metrics")
+
+    r = run(go())
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert {"servescope_stage_seconds", "servescope_batch_size", "servescope_queue_depth", "servescope_requests"} <= set(fams)
+    statuses = {s.labels["status"]: s.value for s in fams["servescope_requests"].samples if s.name.endswith("_total")}
+    assert statuses == {"200": 1.0, "400": 1.0}
+
+
+def test_a_failing_load_is_reported_not_hidden():
+    class Broken(Doubler):
+        def load(self, device):
+            raise OSError("weights.pt not found")
+
+    app = servescope.serve(Broken())
+
+    async def go():
+        await app.startup()
+        await app.wait_ready()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.get("/ready"), await client.post("/predict", json={"x": [1, 2, 3, 4]})
+
+    ready, predict = run(go())
+    assert ready.status_code == 503 and "weights.pt not found" in ready.json()["error"]
+    assert predict.status_code == 500 and "weights.pt not found" in predict.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "model, kwargs, match",
+    [
+        (Doubler, {}, "add the brackets"),
+        (object(), {}, "servescope.Model subclass"),
+        (Doubler(), {"max_batch_size": 0}, "max_batch_size"),
+        (Doubler(), {"max_wait_ms": -1}, "max_wait_ms"),
+        (Doubler(), {"timeout_s": 0}, "timeout_s"),
+    ],
+)
+def test_bad_configuration_is_refused_at_construction(model, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        servescope.serve(model, **kwargs)
+
+
+# -- the batcher alone: deterministic, no threads, no sleeping ---------------------------------
+
+
+def test_batcher_takes_what_is_queued_up_to_the_limit_without_waiting():
+    b = Batcher(lambda items: None, max_batch_size=4)
+    items = [Item(i) for i in range(6)]
+    for it in items:
+        assert b.submit(it)
+    assert [it.payload for it in b.next_batch(block=False)] == [0, 1, 2, 3]
+    assert [it.payload for it in b.next_batch(block=False)] == [4, 5]
+    assert b.next_batch(block=False) == []
+
+
+def test_batcher_skips_cancelled_items_and_stops_on_the_sentinel():
+    b = Batcher(lambda items: None, max_batch_size=4, max_queue=3)
+    a, c, d = Item("a"), Item("c"), Item("d")
+    assert b.submit(a) and b.submit(c) and b.submit(d)
+    assert not b.submit(Item("over"))  # bounded
+    a.cancelled = True
+    b.stop(timeout=0)
+    assert [it.payload for it in b.next_batch()] == ["c", "d"]
+    assert b.next_batch() is None
+
+
+def test_batcher_with_max_wait_collects_late_items_by_its_clock():
+    now = [0]
+    b = Batcher(lambda items: None, max_batch_size=4, max_wait_ms=5, clock=lambda: now[0])
+    b.submit(Item(1))
+    now[0] = 10_000_000  # the wait is already over by this clock: it does not block
+    assert [it.payload for it in b.next_batch(block=False)] == [1]
