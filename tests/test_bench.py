@@ -160,3 +160,11 @@ def test_html_is_self_contained_and_holds_the_numbers():
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert f"{rep.latency['p99_ms']:.0f} ms" in page
     assert "<svg" in page and "Throughput vs latency" in page
+
+
+def test_the_report_says_when_the_generator_fell_behind_its_schedule():
+    results = [(i * MS, i * MS, i * MS + MS, 200, None, None) for i in range(100)]
+    on_time = results_report(results, measure_from_ns=0, lags_ns=[100_000] * 100)
+    late = results_report(results, measure_from_ns=0, lags_ns=[100_000] * 90 + [8 * MS] * 10)
+    assert on_time.extra["generator"]["behind"] is False
+    assert late.extra["generator"]["behind"] is True and late.extra["generator"]["schedule_lag_p99_ms"] == 8.0
