@@ -82,6 +82,18 @@ def _headline(report: Report) -> list[Text]:
         t.append("Breakdown (mean per request): ", style="bold")
         t.append(" · ".join(parts))
         lines.append(t)
+    gen = report.extra.get("generator") or {}
+    if gen.get("behind"):
+        lines.append(
+            Text(
+                f"The load generator fell behind its schedule (p99 lag {gen['schedule_lag_p99_ms']} ms): "
+                "its own delay is in these latencies; lower the rate or run it on another machine.",
+                style="yellow",
+            )
+        )
+    hint = (report.extra.get("server_timing") or {}).get("hint")
+    if hint:
+        lines.append(Text(f"No per-stage breakdown: {hint}.", style="dim"))
     if report.errors:
         n = sum(report.errors.values())
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(report.errors.items(), key=lambda kv: -kv[1]))
