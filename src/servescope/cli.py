@@ -102,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="FILE", help="write the report (JSON)")
     bench.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
 
+    doc = sub.add_parser("doctor", help="name the causes of a slow endpoint, with evidence and the fix")
+    doc.add_argument("target", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app)")
+    doc.add_argument("--payload", metavar="FILE", help="a JSON request body (for a handler: its argument)")
+    doc.add_argument("--path", default="/predict", help="the route to POST to, for apps (default /predict)")
+    doc.add_argument("--requests", type=_positive_int, default=30, help="sequential warm requests (default 30)")
+    doc.add_argument("--concurrency", type=_positive_int, default=8, help="callers in the concurrent phase (default 8)")
+    doc.add_argument("--timeout", type=_duration, default=30.0, help="per-request timeout (default 30s)")
+    doc.add_argument("--fail-on", choices=["critical", "high", "medium", "low", "info"], help="exit 1 when a finding this bad or worse is present")
+    doc.add_argument("--json", metavar="FILE", help="write the report (JSON)")
+    doc.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+
     srv = sub.add_parser("serve", help="serve a servescope.Model with batching, warm-up and Server-Timing")
     srv.add_argument("target", help="path/to/file.py:ModelClass (or an instance, or a serve() app)")
     srv.add_argument("--host", default="127.0.0.1")
@@ -117,6 +128,55 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("file", help="a report saved with --json")
     report.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     return parser
+
+
+def _doctor(args: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    import orjson
+
+    from .doctor import DoctorOptions, diagnose
+    from .loader import load_target
+    from .renderers.html import render_html
+    from .renderers.terminal import render_terminal
+    from .report import SEVERITIES
+
+    if not args.payload:
+        raise ConfigError("give --payload FILE: the JSON body to send (a handler gets it parsed)")
+    try:
+        payload = orjson.loads(Path(args.payload).read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read payload file {args.payload!r}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"payload file {args.payload!r} is not valid JSON: {exc}") from None
+    obj = load_target(args.target)
+    options = DoctorOptions(
+        path=args.path,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        concurrent_requests=max(args.concurrency * 6, 24),
+        timeout_s=args.timeout,
+    )
+    with console.status("servescope doctor: starting") as status:
+        report = diagnose(
+            obj,
+            payload=payload,
+            options=options,
+            progress=lambda phase, frac: status.update(f"servescope doctor: {phase}"),
+            target_name=args.target,
+        )
+    render_terminal(report, console=console)
+    if args.json:
+        report.save(args.json)
+        console.print(f"Report saved to {args.json}")
+    if args.html:
+        Path(args.html).write_text(render_html(report))
+        console.print(f"HTML report saved to {args.html}")
+    if args.fail_on:
+        worst = SEVERITIES.index(args.fail_on)
+        if any(SEVERITIES.index(f.severity) <= worst for f in report.findings):
+            return 1
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -235,6 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.json:
                 rep.save(args.json)
                 console.print(f"Report saved to {args.json} (re-render: servescope report {args.json})")
+        elif args.command == "doctor":
+            return _doctor(args, console)
         elif args.command == "serve":
             return _serve(args)
         elif args.command == "bench":

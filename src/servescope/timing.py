@@ -544,6 +544,13 @@ class Trace:
         return {k: d[k] / 1e6 for k in order_stages(d)}
 
     @property
+    def started_ns(self) -> int | None:
+        """The trace's first mark on the host clock (``perf_counter_ns``), for a wall clock."""
+        if self._root is None or self.clock.name != "wall":
+            return None
+        return self._root[_START]
+
+    @property
     def total_ms(self) -> float | None:
         return None if self.total_ns is None else self.total_ns / 1e6
 

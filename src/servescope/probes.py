@@ -1,0 +1,348 @@
+"""Probes: see inside the user's endpoint without changing its code.
+
+Installed for a doctor run, removed after. Each probe opens a stage in the current trace
+(so timings land in the right request, across threads and tasks) and counts what it saw in
+the request's evidence (a dict in a ContextVar the doctor sets per request):
+
+- torch's global module hooks: the outermost module call is ``infer``; its inputs give the
+  batch size, devices, autograd and training flags, and whether it ran on an event loop;
+- ``Tensor.to/.cuda/.cpu`` and ``Module.to``: host<->device copies (``to_device``/``to_host``),
+  bytes, ``non_blocking``, pinned sources, models moved per request; ``.item/.tolist/.numpy``
+  on a device tensor are sync points;
+- ``torch.load``, ``load_state_dict``, safetensors, ``from_pretrained``, SentenceTransformer
+  and ``nn.Module.__init__``: model loading and construction (``load``);
+- ``json``/``orjson``, FastAPI's ``jsonable_encoder``, Starlette's ``JSONResponse.render``,
+  Flask's JSON provider: ``serialize``; ``json.loads``, pydantic validation, FastAPI's body
+  solving, Flask's ``get_json``: ``validate``.
+
+Each wrapped call costs one stage (about a microsecond); the doctor states the total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import sys
+import threading
+import time
+from contextvars import ContextVar
+from typing import Any, Callable
+
+from .timing import stage
+
+__all__ = ["Probes", "current_evidence", "new_evidence"]
+
+_evidence: ContextVar[dict[str, Any] | None] = ContextVar("servescope_evidence", default=None)
+
+
+def new_evidence() -> dict[str, Any]:
+    return {
+        "loads": 0,
+        "load_calls": [],
+        "constructed": 0,
+        "first_init_ns": None,
+        "last_init_ns": None,
+        "module_moves": 0,
+        "h2d": 0,
+        "d2h": 0,
+        "copy_bytes": 0,
+        "small_copies": 0,
+        "unpinned_async": 0,
+        "syncs": 0,
+        "forwards": [],
+    }
+
+
+def current_evidence() -> dict[str, Any] | None:
+    return _evidence.get()
+
+
+def set_evidence(ev: dict[str, Any] | None) -> Any:
+    return _evidence.set(ev)
+
+
+def _loop_running() -> bool:
+    return asyncio._get_running_loop() is not None
+
+
+class Probes:
+    """Install with ``with Probes() as probes:``; read ``probes.captured`` after."""
+
+    SMALL_COPY = 4096  # bytes: many copies this small per request are overhead, not data
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+        self._local = threading.local()
+        self.captured: dict[str, Any] = {}  # first model and input seen: the batch probe replays it
+        self.torch: Any = None
+
+    # -- install / remove --------------------------------------------------------------------
+    def __enter__(self) -> Probes:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def install(self) -> None:
+        self._wrap_module_attr("json", "dumps", "serialize")
+        self._wrap_module_attr("json", "loads", "validate")
+        self._wrap_module_attr("orjson", "dumps", "serialize")
+        self._wrap_module_attr("orjson", "loads", "validate")
+        for mod in ("fastapi.encoders", "fastapi.routing"):
+            self._wrap_module_attr(mod, "jsonable_encoder", "serialize", only_if_imported=False)
+        self._wrap_module_attr("fastapi.routing", "solve_dependencies", "validate", only_if_imported=False)
+        self._wrap_class_attr("starlette.responses", "JSONResponse", "render", "serialize")
+        self._wrap_class_attr("flask.json.provider", "DefaultJSONProvider", "dumps", "serialize")
+        self._wrap_class_attr("flask.json.provider", "DefaultJSONProvider", "response", "serialize")
+        self._wrap_class_attr("flask", "Request", "get_json", "validate")
+        self._wrap_class_attr("pydantic", "BaseModel", "model_validate", "validate", classmethod_=True)
+        self._wrap_class_attr("pydantic", "BaseModel", "model_validate_json", "validate", classmethod_=True)
+        torch = sys.modules.get("torch")
+        if torch is None:
+            try:
+                import torch  # noqa: F811
+            except ImportError:
+                return
+        self.torch = torch
+        self._install_torch(torch)
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    # -- generic wrappers --------------------------------------------------------------------
+    def _wrap_module_attr(self, module: str, name: str, stage_name: str, *, only_if_imported: bool = False) -> None:
+        mod = sys.modules.get(module)
+        if mod is None and not only_if_imported:
+            try:
+                mod = importlib.import_module(module)
+            except ImportError:
+                return
+        if mod is None or not hasattr(mod, name):
+            return
+        original = getattr(mod, name)
+        setattr(mod, name, _staged(original, stage_name))
+        self._undo.append(lambda: setattr(mod, name, original))
+
+    def _wrap_class_attr(self, module: str, cls_name: str, name: str, stage_name: str, *, classmethod_: bool = False) -> None:
+        mod = sys.modules.get(module)
+        if mod is None:
+            try:
+                mod = importlib.import_module(module)
+            except ImportError:
+                return
+        cls = getattr(mod, cls_name, None)
+        if cls is None or name not in cls.__dict__:
+            return
+        raw = cls.__dict__[name]
+        if classmethod_ and isinstance(raw, classmethod):
+            wrapped: Any = classmethod(_staged(raw.__func__, stage_name))
+        else:
+            wrapped = _staged(raw, stage_name)
+        setattr(cls, name, wrapped)
+        self._undo.append(lambda: setattr(cls, name, raw))
+
+    # -- torch -------------------------------------------------------------------------------
+    def _install_torch(self, torch: Any) -> None:
+        local = self._local
+        infer = stage("infer")
+        probes = self
+
+        def pre_hook(module: Any, args: tuple[Any, ...]) -> None:
+            depth = getattr(local, "depth", 0)
+            local.depth = depth + 1
+            if depth:
+                return
+            ev = _evidence.get()
+            if ev is not None:
+                ev["forwards"].append(probes._describe(module, args))
+            if "model" not in probes.captured and args and isinstance(args[0], torch.Tensor):
+                probes.captured["model"] = module
+                probes.captured["input"] = args[0].detach()
+            infer.__enter__()
+            local.t0 = time.perf_counter_ns()
+
+        def post_hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+            local.depth -= 1
+            if local.depth:
+                return
+            ev = _evidence.get()
+            if ev is not None and ev["forwards"]:
+                ev["forwards"][-1]["ms"] = (time.perf_counter_ns() - local.t0) / 1e6
+            infer.__exit__(None, None, None)
+
+        h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+        h2 = torch.nn.modules.module.register_module_forward_hook(post_hook, always_call=True)
+        self._undo.append(h1.remove)
+        self._undo.append(h2.remove)
+        self._patch(torch.Tensor, "to", self._tensor_copy(torch, torch.Tensor.to, is_to=True))
+        self._patch(torch.Tensor, "cuda", self._tensor_copy(torch, torch.Tensor.cuda))
+        self._patch(torch.Tensor, "cpu", self._tensor_copy(torch, torch.Tensor.cpu))
+        for name in ("item", "tolist", "numpy"):
+            self._patch(torch.Tensor, name, self._sync_point(getattr(torch.Tensor, name)))
+        self._patch(torch.nn.Module, "to", self._module_move(torch.nn.Module.to))
+        self._patch(torch.nn.Module, "cuda", self._module_move(torch.nn.Module.cuda))
+        self._patch(torch.nn.Module, "__init__", self._module_init(torch.nn.Module.__init__))
+        self._patch(torch.nn.Module, "load_state_dict", self._loader(torch.nn.Module.load_state_dict, "load_state_dict"))
+        self._patch_module_func(torch, "load", "torch.load")
+        for module, name, label in (
+            ("safetensors.torch", "load_file", "safetensors.load_file"),
+            ("torch.jit", "load", "torch.jit.load"),
+        ):
+            mod = sys.modules.get(module)
+            if mod is not None:
+                self._patch_module_func(mod, name, label)
+        tr = sys.modules.get("transformers")
+        if tr is not None and hasattr(tr, "PreTrainedModel"):
+            fp = tr.PreTrainedModel.__dict__.get("from_pretrained")
+            if isinstance(fp, classmethod):
+                self._patch(tr.PreTrainedModel, "from_pretrained", classmethod(self._loader(fp.__func__, "from_pretrained")))
+        st = sys.modules.get("sentence_transformers")
+        if st is not None and hasattr(st, "SentenceTransformer"):
+            self._patch(st.SentenceTransformer, "__init__", self._loader(st.SentenceTransformer.__init__, "SentenceTransformer()"))
+
+    def _patch(self, owner: Any, name: str, value: Any) -> None:
+        if name in owner.__dict__:
+            original = owner.__dict__[name]
+            self._undo.append(lambda: setattr(owner, name, original))
+        else:  # inherited (tensor methods live on the C base): remove our override after
+            self._undo.append(lambda: delattr(owner, name))
+        setattr(owner, name, value)
+
+    def _patch_module_func(self, module: Any, name: str, label: str) -> None:
+        self._patch(module, name, self._loader(getattr(module, name), label))
+
+    def _describe(self, module: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+        torch = self.torch
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        param = next(module.parameters(), None)
+        training = [m for m in module.modules() if m.training]
+        behaves = (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)
+        return {
+            "module": type(module).__name__,
+            "batch": int(x.shape[0]) if x is not None and x.dim() > 0 else None,
+            "input_device": str(x.device) if x is not None else None,
+            "param_device": str(param.device) if param is not None else None,
+            "training": bool(training),
+            "training_changes_output": any(isinstance(m, behaves) for m in training),
+            "grad": torch.is_grad_enabled() and not torch.is_inference_mode_enabled(),
+            "on_event_loop": _loop_running(),
+            "thread": threading.get_ident(),
+        }
+
+    def _tensor_copy(self, torch: Any, original: Callable[..., Any], *, is_to: bool = False) -> Callable[..., Any]:
+        to_device, to_host = stage("to_device"), stage("to_host")
+
+        @functools.wraps(original)
+        def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_to and (not args or isinstance(args[0], torch.dtype)) and "device" not in kwargs:
+                return original(self_, *args, **kwargs)  # a dtype change: no copy between devices
+            src = self_.device.type
+            ev = _evidence.get()
+            # which way? decided after the call from the result; timed as to_host from a
+            # device, to_device from the host (a same-device .to() is a cheap no-op)
+            st = to_host if src != "cpu" else to_device
+            st.__enter__()
+            try:
+                out = original(self_, *args, **kwargs)
+            finally:
+                st.__exit__(None, None, None)
+            if ev is not None and isinstance(out, torch.Tensor) and out.device.type != src:
+                nbytes = self_.numel() * self_.element_size()
+                ev["copy_bytes"] += nbytes
+                if nbytes <= Probes.SMALL_COPY:
+                    ev["small_copies"] += 1
+                if src == "cpu":
+                    ev["h2d"] += 1
+                    if kwargs.get("non_blocking") and not _pinned(self_):
+                        ev["unpinned_async"] += 1
+                else:
+                    ev["d2h"] += 1
+                    ev["syncs"] += 1
+            return out
+
+        return wrapper
+
+    def _sync_point(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            if self_.device.type not in ("cpu", "meta"):
+                ev = _evidence.get()
+                if ev is not None:
+                    ev["syncs"] += 1
+            return original(self_, *args, **kwargs)
+
+        return wrapper
+
+    def _module_move(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        to_device = stage("to_device")
+
+        @functools.wraps(original)
+        def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            ev = _evidence.get()
+            if ev is not None:
+                ev["module_moves"] += 1
+            with to_device:
+                return original(self_, *args, **kwargs)
+
+        return wrapper
+
+    def _module_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(self_: Any, *args: Any, **kwargs: Any) -> None:
+            ev = _evidence.get()
+            if ev is not None:
+                now = time.perf_counter_ns()
+                ev["constructed"] += 1
+                if ev["first_init_ns"] is None:
+                    ev["first_init_ns"] = now
+                ev["last_init_ns"] = now
+            original(self_, *args, **kwargs)
+
+        return wrapper
+
+    def _loader(self, original: Callable[..., Any], label: str) -> Callable[..., Any]:
+        load = stage("load")
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ev = _evidence.get()
+            t0 = time.perf_counter_ns()
+            with load:
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if ev is not None:
+                        ev["loads"] += 1
+                        ev["load_calls"].append((label, (time.perf_counter_ns() - t0) / 1e6))
+
+        return wrapper
+
+
+def _pinned(t: Any) -> bool:
+    try:
+        return bool(t.is_pinned())
+    except Exception:  # meta tensors, no CUDA runtime: not pinned
+        return False
+
+
+def _staged(fn: Callable[..., Any], stage_name: str) -> Callable[..., Any]:
+    st = stage(stage_name)
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with st:
+                return await fn(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with st:
+            return fn(*args, **kwargs)
+
+    return wrapper
