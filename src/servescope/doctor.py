@@ -11,7 +11,11 @@ from there, so a saved report can be diagnosed again offline.
 
 from __future__ import annotations
 
+import bisect
+import os
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,6 +45,73 @@ class DoctorOptions:
     batch_probe: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
+class Sampler:
+    """A small sampling profiler: every ``interval`` it notes where each thread is
+    (the innermost frame outside servescope and the threading machinery), with a timestamp,
+    so samples can be attributed to the stage whose time window they fall in."""
+
+    _SKIP = ("servescope" + os.sep, os.sep + "threading.py", os.sep + "concurrent" + os.sep, os.sep + "selectors.py")
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.samples: list[tuple[int, int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="servescope-sampler")
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(1)
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            now = time.perf_counter_ns()
+            for tid, frame in sys._current_frames().items():
+                if tid == me:
+                    continue
+                where = self._where(frame)
+                if where:
+                    self.samples.append((now, tid, where))
+
+    _IDLE = ("queue.py", "socket.py", "selectors.py", "threading.py", "base_events.py", "runners.py", "ssl.py", "socketserver.py")
+
+    def _where(self, frame: Any) -> str | None:
+        if frame.f_code.co_filename.endswith(self._IDLE):  # a thread waiting, not working
+            return None
+        f = frame
+        while f is not None:
+            name = f.f_code.co_filename
+            if not any(part in name for part in self._SKIP):
+                short = os.sep.join(name.split(os.sep)[-2:])
+                return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+            f = f.f_back
+        return None
+
+    def hot_spots(self, windows: dict[str, list[tuple[int, int]]], top: int = 2) -> dict[str, str]:
+        """Per stage: the top frames among the samples inside its windows, with their share."""
+        out = {}
+        for stage_name, spans in windows.items():
+            if not spans:
+                continue
+            spans = sorted(spans)
+            starts = [lo for lo, _ in spans]
+            counts: dict[str, int] = {}
+            n = 0
+            for t, _, where in self.samples:
+                i = bisect.bisect_right(starts, t) - 1
+                if i >= 0 and t <= spans[i][1]:
+                    counts[where] = counts.get(where, 0) + 1
+                    n += 1
+            if n:
+                best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+                out[stage_name] = "; ".join(f"{w} ({c * 100 // n}% of {n} samples)" for w, c in best)
+        return out
+
+
 def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str, float]:
     """A trace's stages, with its unstaged time split: before the first model or transfer
     call (after validation) is ``preprocess``; after the last one, until serialization, is
@@ -64,6 +135,9 @@ def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str,
     first, last = min(s[1] for s in model), max(s[2] for s in model)
     before = [s for s in spans if s[2] <= first and s[0] in ("validate", "receive")]
     begin = max((s[2] for s in before), default=0.0)
+    entered = (evidence or {}).get("handler_start_ns")
+    if entered is not None and trace.started_ns is not None:  # not the framework's thread hop
+        begin = max(begin, min((entered - trace.started_ns) / 1e6, first))
     after = [s for s in spans if s[1] >= last and s[0] in ("serialize", "send")]
     end = min((s[1] for s in after), default=trace.total_ms)
 
@@ -84,6 +158,26 @@ def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str,
     else:
         durations.pop(OTHER)
     return durations
+
+
+def stage_windows(trace: Any) -> dict[str, list[tuple[int, int]]]:
+    """Absolute (perf_counter ns) windows of a trace's pre/post/serialize time, for sampling."""
+    base = trace.started_ns
+    if base is None:
+        return {}
+    spans = [s for s in trace.spans() if s[3] == 0]
+    out: dict[str, list[tuple[int, int]]] = {"serialize": [], "preprocess": [], "postprocess": []}
+    for name, lo, hi, _ in spans:
+        if name in out:
+            out[name].append((base + int(lo * 1e6), base + int(hi * 1e6)))
+    model = [s for s in spans if s[0] in _MODEL_STAGES]
+    if model:
+        first, last = min(s[1] for s in model), max(s[2] for s in model)
+        begin = max((s[2] for s in spans if s[2] <= first and s[0] in ("validate", "receive")), default=0.0)
+        end = min((s[1] for s in spans if s[1] >= last and s[0] in ("serialize", "send")), default=trace.total_ms)
+        out["preprocess"].append((base + int(begin * 1e6), base + int(first * 1e6)))
+        out["postprocess"].append((base + int(last * 1e6), base + int(end * 1e6)))
+    return out
 
 
 def _forward_stats(obs: list[Observation]) -> dict[str, Any]:
@@ -185,17 +279,19 @@ def diagnose(
         tick("cold request", 0.0)
         cold = target.request(payload, body)
         warm: list[Observation] = []
-        for i in range(options.requests):
-            if time.perf_counter() - started > options.max_seconds * 0.6:
-                break
-            warm.append(target.request(payload, body))
-            tick("sequential requests", (i + 1) / options.requests)
+        with Sampler() as sampler:
+            for i in range(options.requests):
+                if time.perf_counter() - started > options.max_seconds * 0.5:
+                    break
+                warm.append(target.request(payload, body))
+                tick("sequential requests", (i + 1) / options.requests)
         tick("concurrent requests", 0.0)
         seq_rps = None
         ok_warm = [o for o in warm if o.error is None]
         if ok_warm:
             seq_rps = 1000 / statistics.mean(o.latency_ms for o in ok_warm)
-        conc, elapsed = target.concurrent(payload, body, options.concurrency, options.concurrent_requests)
+        budget = max(options.max_seconds - (time.perf_counter() - started), 1.0) * 0.6
+        conc, elapsed = target.concurrent(payload, body, options.concurrency, options.concurrent_requests, budget)
         tick("batch probe", 0.0)
         lag = list(target.lag_ms)
         probe = _batch_probe(probes, options.batch_probe)
@@ -203,8 +299,11 @@ def diagnose(
         probes.remove()
         target.stop()
 
-    for o in [cold, *warm]:
+    conc = [o for o in conc if o.error != "unfinished at the end"]  # cut off by the time budget
+    for o in warm:  # the cold request is reported on its own (first_ms), not in the statistics
         stages = split_other(o.trace, o.evidence) if o.trace is not None else {}
+        if o.trace is not None and target.kind != "function":  # what the server did not see
+            stages["network+client"] = max(o.latency_ms - (o.trace.total_ms or 0.0), 0.0)
         rec.record_durations(stages, o.latency_ms, error=o.error)
     conc_ok = [o for o in conc if o.error is None]
     warm_p50 = float(np.percentile([o.latency_ms for o in ok_warm], 50)) if ok_warm else None
@@ -270,6 +369,12 @@ def diagnose(
     }
     report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
     report.latency["first_ms"] = round(cold.latency_ms, 4)
+    windows: dict[str, list[tuple[int, int]]] = {}
+    for o in ok_warm:
+        if o.trace is not None:
+            for k, v in stage_windows(o.trace).items():
+                windows.setdefault(k, []).extend(v)
+    evidence["hot_spots"] = sampler.hot_spots(windows)
     report.extra["evidence"] = evidence
     failures = sorted({o.error for o in [cold, *warm, *conc] if o.error})
     if failures:

@@ -135,7 +135,7 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         if self.cur is not None:
-            self._drop("connection reset")
+            self._drop("connection reset" if self.gen.running else "unfinished at the end")
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:

@@ -30,7 +30,7 @@ import time
 from contextvars import ContextVar
 from typing import Any, Callable
 
-from .timing import stage
+from .timing import _current, stage
 
 __all__ = ["Probes", "current_evidence", "new_evidence"]
 
@@ -100,6 +100,7 @@ class Probes:
         self._wrap_class_attr("flask", "Request", "get_json", "validate")
         self._wrap_class_attr("pydantic", "BaseModel", "model_validate", "validate", classmethod_=True)
         self._wrap_class_attr("pydantic", "BaseModel", "model_validate_json", "validate", classmethod_=True)
+        self._mark_handler_entry()
         torch = sys.modules.get("torch")
         if torch is None:
             try:
@@ -112,6 +113,46 @@ class Probes:
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+    def _mark_handler_entry(self) -> None:
+        """FastAPI hops to a thread pool for `def` endpoints: note when the user's function
+        starts, so the hop is not taken for the user's preprocessing."""
+        routing = sys.modules.get("fastapi.routing")
+        if routing is None:
+            try:
+                import fastapi.routing as routing  # noqa: F811
+            except ImportError:
+                return
+        if not hasattr(routing, "run_endpoint_function"):
+            return
+        original = routing.run_endpoint_function
+
+        def entered(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                ev = _evidence.get()
+                if ev is not None:
+                    ev["handler_start_ns"] = time.perf_counter_ns()
+                return fn(*args, **kwargs)
+
+            return run
+
+        @functools.wraps(original)
+        async def wrapper(*, dependant: Any, values: Any, is_coroutine: bool, **kw: Any) -> Any:
+            if is_coroutine:
+                ev = _evidence.get()
+                if ev is not None:
+                    ev["handler_start_ns"] = time.perf_counter_ns()
+                return await original(dependant=dependant, values=values, is_coroutine=is_coroutine, **kw)
+            call = dependant.call
+            dependant.call = entered(call)
+            try:
+                return await original(dependant=dependant, values=values, is_coroutine=is_coroutine, **kw)
+            finally:
+                dependant.call = call
+
+        routing.run_endpoint_function = wrapper
+        self._undo.append(lambda: setattr(routing, "run_endpoint_function", original))
 
     # -- generic wrappers --------------------------------------------------------------------
     def _wrap_module_attr(self, module: str, name: str, stage_name: str, *, only_if_imported: bool = False) -> None:
@@ -330,11 +371,17 @@ def _pinned(t: Any) -> bool:
 
 
 def _staged(fn: Callable[..., Any], stage_name: str) -> Callable[..., Any]:
+    """``fn`` timed as a stage; a call made inside the same stage (recursion, as in FastAPI's
+    jsonable_encoder walking every element) goes straight through, so the probe costs one
+    stage per outermost call, not one per element."""
     st = stage(stage_name)
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            span = _current.get()
+            if span is None or span[0] == stage_name:
+                return await fn(*args, **kwargs)
             with st:
                 return await fn(*args, **kwargs)
 
@@ -342,6 +389,9 @@ def _staged(fn: Callable[..., Any], stage_name: str) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        span = _current.get()
+        if span is None or span[0] == stage_name:
+            return fn(*args, **kwargs)
         with st:
             return fn(*args, **kwargs)
 

@@ -123,10 +123,30 @@ class FunctionTarget:
     def request(self, payload: Any, body: bytes) -> Observation:
         return self._one(payload)
 
-    def concurrent(self, payload: Any, body: bytes, concurrency: int, requests: int) -> tuple[list[Observation], float]:
+    def concurrent(
+        self, payload: Any, body: bytes, concurrency: int, requests: int, max_seconds: float
+    ) -> tuple[list[Observation], float]:
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            obs = list(pool.map(lambda _: self._one(payload), range(requests)))
+        deadline = t0 + max_seconds
+        obs: list[Observation] = []
+        lock = threading.Lock()
+        budget = [requests]
+
+        def caller() -> None:
+            while time.perf_counter() < deadline:
+                with lock:
+                    if budget[0] <= 0:
+                        return
+                    budget[0] -= 1
+                o = self._one(payload)
+                with lock:
+                    obs.append(o)
+
+        threads = [threading.Thread(target=caller) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         return obs, time.perf_counter() - t0
 
 
@@ -173,7 +193,9 @@ class _HTTPTarget:
             tr, ev = self.collector.items[-1]
         return Observation(latency, status, err, tr, ev or {})
 
-    def concurrent(self, payload: Any, body: bytes, concurrency: int, requests: int) -> tuple[list[Observation], float]:
+    def concurrent(
+        self, payload: Any, body: bytes, concurrency: int, requests: int, max_seconds: float
+    ) -> tuple[list[Observation], float]:
         from .loadgen import LoadGenerator, Target, build_requests
 
         target = Target.parse(self.url)
@@ -181,7 +203,16 @@ class _HTTPTarget:
         before = len(self.collector.items)
         gen = LoadGenerator(target, raw, timeout_s=self.timeout_s)
         t0 = time.perf_counter()
-        results = asyncio.run(gen.closed_loop(concurrency=concurrency, requests=requests))
+        gen._limit_seconds = max_seconds  # type: ignore[attr-defined]
+
+        async def run() -> list[Any]:
+            task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests))
+            done, _ = await asyncio.wait({task}, timeout=max_seconds)
+            if not done:
+                gen.stop()
+            return await task
+
+        results = asyncio.run(run())
         elapsed = time.perf_counter() - t0
         traces = self.collector.items[before:]
         obs = []
@@ -239,6 +270,18 @@ class ASGITarget(_HTTPTarget):
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise ConfigError("the app did not start (its start-up failed: run it alone to see why)")
             time.sleep(0.01)
+        while time.monotonic() < deadline and self._get("/ready") == 503:  # it loads in the background
+            time.sleep(0.05)
+
+    def _get(self, path: str) -> int | None:
+        try:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
+            conn.request("GET", path)
+            status = conn.getresponse().status
+            conn.close()
+            return status
+        except OSError:
+            return None
 
     def stop(self) -> None:
         if self._server is not None:

@@ -7,6 +7,12 @@ from typing import Any
 from ..report import Finding, Report
 
 
+#: Thresholds (docs/doctor.md).
+NO_BATCHING_FLOOR_MS = 0.2
+COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
+LOOP_LAG_ALONE_MS = 100.0
+
+
 def _ev(report: Report) -> dict[str, Any]:
     return report.extra["evidence"]
 
@@ -65,9 +71,9 @@ def model_load_per_request(report: Report) -> list[Finding]:
 def cold_start(report: Report) -> list[Finding]:
     ev = _ev(report)
     cold, p50 = ev["cold"]["latency_ms"], _p50(report)
-    if ev["cold"].get("error") or not p50 or cold < 3 * p50 or cold - p50 < 20:
-        return []
     lazy = ev["cold"]["loads"] > 0 and ev["warm"]["loads_per_request"] < 0.5
+    if ev["cold"].get("error") or not p50 or cold < COLD_RATIO * p50 or cold - p50 < COLD_EXTRA_MS:
+        return []
     extra = cold - p50
     sev = "high" if cold >= 10 * p50 and extra >= 200 else "medium"
     return [
@@ -163,7 +169,7 @@ def no_batching(report: Report) -> list[Finding]:
         return []
     saving = one * (1 - 1 / gain)
     p50 = _p50(report)
-    if saving < 0.05 * p50:
+    if saving < 0.05 * p50 or saving < NO_BATCHING_FLOOR_MS:
         return []  # batching would not move this endpoint's latency: not its problem
     return [
         Finding(
@@ -281,7 +287,8 @@ def event_loop_blocked(report: Report) -> list[Finding]:
     conc = ev["concurrent"]
     on_loop = conc["forwards"]["on_event_loop"] + ev["warm"]["forwards"]["on_event_loop"]
     lag = conc.get("loop_lag_max_ms") or 0.0
-    if lag < 10 and not (on_loop and lag >= 2):
+    # the lag monitor shares the GIL with the doctor's own threads: lag alone must be large
+    if not (on_loop and lag >= 2) and lag < LOOP_LAG_ALONE_MS:
         return []
     forward = conc["forwards"].get("mean_ms") or 0.0
     return [

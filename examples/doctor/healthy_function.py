@@ -1,0 +1,13 @@
+"""Healthy: the model is loaded once, in eval mode, run under inference_mode."""
+
+import torch
+
+torch.manual_seed(0)
+MODEL = torch.nn.Sequential(torch.nn.Linear(256, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).eval()
+
+
+def predict(payload):
+    x = torch.tensor(payload["x"], dtype=torch.float32).unsqueeze(0)
+    with torch.inference_mode():
+        y = MODEL(x)
+    return {"scores": y[0].tolist()}
