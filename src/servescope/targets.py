@@ -72,12 +72,28 @@ class FunctionTarget:
     def start(self) -> None:
         if self.is_async:  # async handlers run on one event loop, as a server would
             self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, daemon=True, name="servescope-loop").start()
-            asyncio.run_coroutine_threadsafe(_lag_monitor(self.lag_ms), self._loop)
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="servescope-loop")
+            self._thread.start()
+            self._monitor = asyncio.run_coroutine_threadsafe(_lag_monitor(self.lag_ms), self._loop)
 
     def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        loop = self._loop
+        if loop is not None:
+
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(5)
+            except Exception:  # a handler that will not stop: leave it to the daemon thread
+                pass
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(5)
+            if not loop.is_running():
+                loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _one(self, payload: Any) -> Observation:
