@@ -52,14 +52,16 @@ class _Instrumentation:
 
     def __init__(
         self,
+        app: Any,
         *,
-        recorder: Recorder | None,
-        exporters: Sequence[Any],
-        sample_rate: float,
-        server_timing: bool,
-        metrics_path: str | None,
-        exclude_paths: Iterable[str],
+        recorder: Recorder | None = None,
+        exporters: Sequence[Any] = (),
+        sample_rate: float = 1.0,
+        server_timing: bool = True,
+        metrics_path: str | None = "/metrics",
+        exclude_paths: Iterable[str] = (),
     ) -> None:
+        self.app = app
         if not isinstance(sample_rate, (int, float)) or not 0.0 <= sample_rate <= 1.0:
             raise ConfigError(f"sample_rate must be a number between 0 and 1, got {sample_rate!r}")
         self.recorder = recorder if recorder is not None else Recorder()
@@ -111,27 +113,6 @@ class ServescopeMiddleware(_Instrumentation):
     (where a Prometheus exporter is served), ``exclude_paths`` (never traced).
     A response with status >= 400, or an app that raises, is recorded as a failed request.
     """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        recorder: Recorder | None = None,
-        exporters: Sequence[Any] = (),
-        sample_rate: float = 1.0,
-        server_timing: bool = True,
-        metrics_path: str | None = "/metrics",
-        exclude_paths: Iterable[str] = (),
-    ) -> None:
-        super().__init__(
-            recorder=recorder,
-            exporters=exporters,
-            sample_rate=sample_rate,
-            server_timing=server_timing,
-            metrics_path=metrics_path,
-            exclude_paths=exclude_paths,
-        )
-        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -195,27 +176,6 @@ class ServescopeWSGIMiddleware(_Instrumentation):
     The same keyword arguments as the ASGI middleware. ``receive`` times reads of
     ``wsgi.input``; ``send`` times the server writing each chunk of the response.
     """
-
-    def __init__(
-        self,
-        app: Callable[..., Iterable[bytes]],
-        *,
-        recorder: Recorder | None = None,
-        exporters: Sequence[Any] = (),
-        sample_rate: float = 1.0,
-        server_timing: bool = True,
-        metrics_path: str | None = "/metrics",
-        exclude_paths: Iterable[str] = (),
-    ) -> None:
-        super().__init__(
-            recorder=recorder,
-            exporters=exporters,
-            sample_rate=sample_rate,
-            server_timing=server_timing,
-            metrics_path=metrics_path,
-            exclude_paths=exclude_paths,
-        )
-        self.app = app
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
