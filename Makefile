@@ -13,11 +13,11 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,torch]"
+	$(BIN)/python -m pip install -q -e ".[dev,torch,demo]"
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/servescope demo --json servescope-demo.json
+	$(BIN)/servescope demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -27,4 +27,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) servescope-demo.json
+	rm -rf $(VENV) servescope-demo

@@ -13,17 +13,19 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "servescope", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_demo_prints_a_real_breakdown_and_saves_the_report(tmp_path):
-    out = tmp_path / "demo.json"
-    p = run("demo", "--requests", "30", "--json", str(out))
-    assert p.returncode == 0, p.stderr
-    assert "Baseline p50 latency:" in p.stdout
-    assert "model inference" in p.stdout and "preprocessing" in p.stdout
-    data = json.loads(out.read_text())
-    assert data["latency"]["count"] == 31
-    assert {"validate", "preprocess", "infer", "serialize"} <= set(data["stages"])
-    again = run("report", str(out))
-    assert again.returncode == 0 and "Baseline p50 latency:" in again.stdout
+def test_report_prints_a_saved_report_again(tmp_path, clock):
+    from servescope import Recorder, WallClock, stage, trace
+
+    rec = Recorder()
+    for _ in range(5):
+        with trace(clock=WallClock(clock.now), recorder=rec):
+            with stage("infer"):
+                clock.advance(2)
+    path = rec.report(title="saved").save(tmp_path / "r.json")
+    p = run("report", str(path))
+    assert p.returncode == 0 and "Baseline p50 latency: 2.00 ms" in p.stdout and "model inference" in p.stdout
+    j = run("report", str(path), "--json")
+    assert json.loads(j.stdout)["latency"]["count"] == 5
 
 
 def exit_code(args: list[str]) -> int:
@@ -36,8 +38,9 @@ def exit_code(args: list[str]) -> int:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["demo", "--requests", "0"], "must be >= 1"),
-        (["demo", "--requests", "many"], "expected a whole number"),
+        (["demo", "--concurrency", "0"], "must be >= 1"),
+        (["demo", "--seconds", "soon"], "not a duration"),
+        (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read report"),
         (["report", "/nonexistent/run.json"], "cannot read report"),
         (["frobnicate"], "invalid choice"),
     ],

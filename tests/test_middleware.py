@@ -174,3 +174,18 @@ def test_wsgi_failure_is_recorded():
     assert r.status_code == 500
     r.close()  # the server closes the body: that ends the request
     assert mw.recorder.report().errors == {"HTTP 500": 1}
+
+
+def test_an_apps_own_server_timing_is_adopted_not_duplicated():
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"server-timing", b"queue;dur=2, infer;dur=5, total;dur=7.5")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    mw = ServescopeMiddleware(app)
+    r = asyncio.run(call(mw, "POST", "/predict", content=b"{}"))
+    assert len(r.headers.get_list("server-timing")) == 1
+    stages, _ = server_timing_durations(r.headers["server-timing"])
+    assert stages["infer"] == 5 and stages["queue"] == 2
+    rep = mw.recorder.report()
+    assert rep.stages["infer"]["mean_ms"] == 5

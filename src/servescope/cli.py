@@ -79,10 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"servescope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    demo = sub.add_parser("demo", help="time the bundled example endpoint and print its report")
-    demo.add_argument("--requests", type=_positive_int, default=300, help="warm requests to send (default 300)")
-    demo.add_argument("--cuda", choices=["auto", "events", "sync", "wall"], default="auto", help="GPU timing mode")
-    demo.add_argument("--json", metavar="FILE", help="also save the report as JSON")
+    demo = sub.add_parser("demo", help="a slow embedding endpoint on a real model: diagnosed, fixed, measured before and after")
+    demo.add_argument("--seconds", type=_duration, default=8.0, help="measured load per service (default 8s)")
+    demo.add_argument("--warmup", type=_duration, default=2.0, help="warm-up load per service (default 2s)")
+    demo.add_argument("--concurrency", type=_positive_int, default=8, help="concurrent clients (default 8)")
+    demo.add_argument("--out", default="servescope-demo", help="folder for the JSON and HTML reports (default servescope-demo/)")
+
+    cmp_ = sub.add_parser("compare", help="before/after table for two saved reports")
+    cmp_.add_argument("before", help="a report saved with --json")
+    cmp_.add_argument("after", help="a report saved with --json")
+    cmp_.add_argument("--html", metavar="FILE", help="also write the comparison as HTML")
 
     bench = sub.add_parser("bench", help="load-test an HTTP endpoint; per-stage latency from its Server-Timing")
     bench.add_argument("url", help="the endpoint, e.g. http://127.0.0.1:8000/predict")
@@ -128,6 +134,54 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("file", help="a report saved with --json")
     report.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     return parser
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    from .demo import run_demo
+    from .renderers.compare import render_compare
+    from .renderers.html import render_comparison_html
+    from .renderers.terminal import render_terminal
+
+    with console.status("servescope demo") as status:
+        result = run_demo(
+            seconds=args.seconds,
+            warmup=args.warmup,
+            concurrency=args.concurrency,
+            say=lambda text: console.print(text),
+            progress=lambda text: status.update(text),
+        )
+    console.print()
+    render_terminal(result["doctor"], console=console)
+    console.print()
+    render_compare(result["table"], console=console, before="before (FastAPI)", after="after (servescope.serve)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("doctor", "before", "after"):
+        result[name].save(out / f"{name}.json")
+    page = out / "report.html"
+    page.write_text(render_comparison_html(result["before"], result["after"], result["table"], doctor=result["doctor"]))
+    console.print(f"\nReports: {out}/doctor.json, before.json, after.json; with plots: {page}")
+    console.print(f"Compare them again any time: servescope compare {out}/before.json {out}/after.json")
+    return 0
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    from .compare import compare
+    from .renderers.compare import render_compare
+    from .renderers.html import render_comparison_html
+    from .report import Report
+
+    before, after = Report.load(args.before), Report.load(args.after)
+    table = compare(before, after)
+    render_compare(table, console=console)
+    if args.html:
+        Path(args.html).write_text(render_comparison_html(before, after, table))
+        console.print(f"HTML saved to {args.html}")
+    return 0
 
 
 def _doctor(args: argparse.Namespace, console: Console) -> int:
@@ -287,14 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=120)
     try:
         if args.command == "demo":
-            from .demo import run_demo
-            from .renderers import render_terminal
-
-            rep = run_demo(requests=args.requests, clock_mode=args.cuda)
-            render_terminal(rep, console=console)
-            if args.json:
-                rep.save(args.json)
-                console.print(f"Report saved to {args.json} (re-render: servescope report {args.json})")
+            return _demo(args, console)
+        elif args.command == "compare":
+            return _compare(args, console)
         elif args.command == "doctor":
             return _doctor(args, console)
         elif args.command == "serve":

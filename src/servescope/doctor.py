@@ -208,10 +208,16 @@ def _batch_probe(probes: Any, sizes: tuple[int, ...]) -> dict[str, Any] | None:
     """Time the captured model on its captured input at several batch sizes."""
     torch = probes.torch
     model, x = probes.captured.get("model"), probes.captured.get("input")
-    if torch is None or model is None or x is None or x.dim() == 0:
+    if torch is None or model is None or x is None:
         return None
     probes.remove()  # time the model alone, without the probes' hooks
-    one = x[:1]
+
+    def rows(b: int) -> Any:
+        if isinstance(x, dict):
+            return {k: (torch.cat([v[:1]] * b) if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+        return torch.cat([x[:1]] * b)
+
+    one = rows(1)
     out: dict[str, Any] = {"per_item_ms": {}}
 
     def best(fn: Callable[[], Any], repeat: int = 5) -> float:
@@ -226,7 +232,7 @@ def _batch_probe(probes: Any, sizes: tuple[int, ...]) -> dict[str, Any] | None:
     try:
         with torch.inference_mode():
             for b in sizes:
-                xb = torch.cat([one] * b)
+                xb = rows(b)
                 out["per_item_ms"][str(b)] = round(best(lambda: model(xb)) / b, 4)
         per_item = out["per_item_ms"]
         base = per_item[str(sizes[0])]
@@ -238,15 +244,15 @@ def _batch_probe(probes: Any, sizes: tuple[int, ...]) -> dict[str, Any] | None:
         with torch.enable_grad():
             t_grad = best(lambda: model(one))
         out["grad_ratio"] = round(t_grad / t_inf, 3) if t_inf else None
-        was_training = model.training
+        modes = [(m, m.training) for m in model.modules()]  # the user's state, module by module
         try:
             with torch.inference_mode():
-                model.train()
-                t_train = best(lambda: model(one))
+                t_train = best(lambda: model(one))  # as the endpoint runs it
                 model.eval()
                 t_eval = best(lambda: model(one))
         finally:
-            model.train(was_training)
+            for m, flag in modes:
+                m.training = flag
         out["train_ratio"] = round(t_train / t_eval, 3) if t_eval else None
         out["forward_ms"] = round(t_inf, 4)
     except Exception as exc:  # the probe is a bonus: its failure is data

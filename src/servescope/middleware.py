@@ -81,6 +81,19 @@ class _Instrumentation:
     def header(self, tr: Trace) -> bytes:
         return format_ns(*tr.elapsed_ns()).encode("latin-1")
 
+    @staticmethod
+    def adopt(tr: Trace, values: list[bytes]) -> None:
+        """Add the stages an app reported in its own Server-Timing header to the trace."""
+        from .servertiming import server_timing_durations
+
+        try:
+            stages, _ = server_timing_durations(b", ".join(values).decode("latin-1"))
+        except ValueError:
+            return  # a malformed header from the app: keep our own timing
+        for name, ms in stages.items():
+            if name != "other":
+                tr.add(name, ms)
+
     def _close(self, tr: Trace, info: RequestInfo, exc: BaseException | None) -> None:
         """Stop the clock if the response did not, mark failures, record, export."""
         tr.stop()
@@ -143,9 +156,15 @@ class ServescopeMiddleware(_Instrumentation):
             kind = message["type"]
             if kind == "http.response.start":
                 info.status = message["status"]
+                headers = message.get("headers", [])
+                own = [v for k, v in headers if k.lower() == b"server-timing"]
+                if own:  # the app times its own stages (servescope.serve does): adopt them
+                    self.adopt(tr, own)
+                    headers = [(k, v) for k, v in headers if k.lower() != b"server-timing"]
                 if self.server_timing:
-                    message = dict(message)
-                    message["headers"] = [*message.get("headers", []), (b"server-timing", self.header(tr))]
+                    headers = [*headers, (b"server-timing", self.header(tr))]
+                if own or self.server_timing:
+                    message = {**message, "headers": headers}
             with stage("send"):
                 await send(message)
             if kind == "http.response.body" and not message.get("more_body", False):

@@ -27,6 +27,7 @@ import inspect
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Callable
 
@@ -200,9 +201,11 @@ class Probes:
             ev = _evidence.get()
             if ev is not None:
                 ev["forwards"].append(probes._describe(module, args))
-            if "model" not in probes.captured and args and isinstance(args[0], torch.Tensor):
-                probes.captured["model"] = module
-                probes.captured["input"] = args[0].detach()
+            if "model" not in probes.captured and args:
+                captured = _capture(torch, args[0])
+                if captured is not None:
+                    probes.captured["model"] = module
+                    probes.captured["input"] = captured
             infer.__enter__()
             local.t0 = time.perf_counter_ns()
 
@@ -259,6 +262,8 @@ class Probes:
     def _describe(self, module: Any, args: tuple[Any, ...]) -> dict[str, Any]:
         torch = self.torch
         x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if x is None and args and isinstance(args[0], Mapping):  # tokenizer output: a dict of tensors
+            x = next((v for v in args[0].values() if isinstance(v, torch.Tensor)), None)
         param = next(module.parameters(), None)
         training = [m for m in module.modules() if m.training]
         behaves = (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)
@@ -361,6 +366,18 @@ class Probes:
                         ev["load_calls"].append((label, (time.perf_counter_ns() - t0) / 1e6))
 
         return wrapper
+
+
+def _capture(torch: Any, x: Any) -> Any:
+    """A detached copy of a model input the batch probe can replay: a tensor with a batch
+    dimension, or a dict of them (what tokenizers return)."""
+    if isinstance(x, torch.Tensor) and x.dim() > 0:
+        return x.detach().clone()
+    if isinstance(x, Mapping):  # dict, or transformers' BatchEncoding (a UserDict)
+        tensors = {k: v for k, v in x.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+        if tensors and len({v.shape[0] for v in tensors.values()}) == 1:
+            return {k: (v.detach().clone() if k in tensors else v) for k, v in x.items()}
+    return None
 
 
 def _pinned(t: Any) -> bool:

@@ -429,7 +429,7 @@ class Trace:
     def add(self, name: str, duration_ms: float) -> None:
         """Add a stage measured elsewhere (a batcher's queue wait, a parsed Server-Timing entry).
 
-        It counts in ``durations_ms``; it is not subtracted from any enclosing stage.
+        It counts in ``durations_ms`` and comes out of the trace's unstaged time (``other``).
         """
         if type(name) is not str or not name:
             raise _bad_name(name)
@@ -507,6 +507,7 @@ class Trace:
         else:
             total = self.clock.resolve(root[_START], [root[_END]])[0]
         self.total_ns = total = max(total, 0)
+        covered += sum(d for _, d in self._added)
         if total > covered:
             out[OTHER] = total - covered
         self.durations_ns = out

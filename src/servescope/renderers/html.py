@@ -202,3 +202,24 @@ def render_html(report: Report, *, sweep: list[dict[str, Any]] | None = None) ->
         f" · {html.escape(str(env.get('cpus_available', '?')))} CPUs · servescope {html.escape(str(env.get('servescope', '')))}</p>",
     ]
     return f"<!doctype html><html><head><meta charset=utf-8><title>{title}</title><style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+
+
+def render_comparison_html(before: Report, after: Report, table: dict[str, Any], *, doctor: Report | None = None) -> str:
+    """Before/after on one page: the table, both breakdowns and distributions, the doctor's findings."""
+    rows = ["<table><tr><th></th><th>before</th><th>after</th><th>ratio</th><th>beyond noise?</th></tr>"]
+    for row in [*table["summary"], *table["stages"]]:
+        sig = "n/a" if row["significant"] is None else ("yes" if row["significant"] else "no")
+        label = row["metric"] if row in table["summary"] else stage_label(row["metric"]) + " (mean ms)"
+        rows.append(
+            f"<tr><td>{html.escape(label)}</td><td>{_f(row['before'])}</td><td>{_f(row['after'])}</td>"
+            f"<td>{_f(row['ratio'], 3)}</td><td>{sig}</td></tr>"
+        )
+    rows.append("</table>")
+    both = []
+    for rep in (before, after):
+        both += [f"<h2>{html.escape(str(rep.meta.get('title', '')))}</h2>", _headline(rep), _stacked_bar(rep), _stage_table(rep), _distribution(rep)]
+    diag = ""
+    if doctor is not None:
+        diag = "<h2>servescope doctor on the slow service</h2>" + _headline(doctor) + _stage_table(doctor) + _findings(doctor)
+    body = "<h1>servescope demo: before and after</h1><h2>Before / after (same load)</h2>" + "".join(rows) + diag + "".join(both)
+    return f"<!doctype html><html><head><meta charset=utf-8><title>servescope demo</title><style>{_CSS}</style></head><body>{body}</body></html>\n"

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servescope import Recorder
+from servescope.compare import compare, rank_sum_z
+from servescope.renderers.compare import render_compare
+from rich.console import Console
+
+
+def report(infer_ms: float, n: int = 200, seed: int = 0, tput: float | None = None):
+    rng = np.random.default_rng(seed)
+    rec = Recorder()
+    for v in rng.normal(infer_ms, infer_ms * 0.05, n):
+        rec.record_durations({"infer": float(v), "serialize": 1.0}, float(v) + 1.0)
+    rep = rec.report(title=f"infer {infer_ms}")
+    if tput is not None:
+        rep.extra["throughput_rps"] = tput
+    return rep
+
+
+def test_a_real_change_is_beyond_noise_and_a_rerun_is_not():
+    before, after, again = report(10.0, seed=1, tput=100), report(5.0, seed=2, tput=190), report(10.0, seed=3, tput=101)
+    table = compare(before, after)
+    p50 = table["summary"][0]
+    assert p50["metric"] == "p50 latency ms" and p50["significant"] is True and p50["better"] is True
+    assert p50["ratio"] == pytest.approx(6 / 11, rel=0.05)
+    infer = next(r for r in table["stages"] if r["metric"] == "infer")
+    assert infer["significant"] is True
+    same = compare(before, again)
+    assert same["summary"][0]["significant"] is False
+    tput = next(r for r in table["summary"] if r["metric"] == "throughput req/s")
+    assert tput["ratio"] == pytest.approx(1.9)
+
+
+def test_rank_sum_matches_the_textbook_case():
+    # identical samples: z = 0; fully separated samples: |z| large
+    a = np.arange(20, dtype=float)
+    assert rank_sum_z(a, a.copy()) == pytest.approx(0.0)
+    assert rank_sum_z(a, a + 100) < -5
+
+
+def test_without_samples_significance_is_unknown_not_invented():
+    before, after = report(10.0), report(5.0)
+    before.distributions = {}
+    table = compare(before, after)
+    assert table["summary"][0]["significant"] is None
+
+
+def test_the_table_renders():
+    console = Console(record=True, width=120)
+    render_compare(compare(report(10.0, seed=1), report(5.0, seed=2)), console=console)
+    text = console.export_text()
+    assert "Before / after" in text and "faster" in text and "model inference" in text
