@@ -275,6 +275,9 @@ class _TimedBody:
             mark = time.perf_counter_ns()
         if mark is not None:
             self._send_ns += time.perf_counter_ns() - mark
+        # the body is out: end the request here too, since some servers (uvicorn's WSGI
+        # adapter) never call close() as PEP 3333 asks
+        self.close()
 
     def close(self) -> None:
         if self._closed:
