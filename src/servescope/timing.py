@@ -342,6 +342,7 @@ class Trace:
         "error",
         "start_time",
         "open_stages",
+        "_summed",
     )
 
     def __init__(
@@ -364,6 +365,7 @@ class Trace:
         self.total_ns: int | None = None
         self.error: str | None = None
         self.open_stages = 0
+        self._summed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Trace:
@@ -411,7 +413,13 @@ class Trace:
     def finish(self, error: BaseException | None = None) -> Trace:
         """Close the trace: ``stop()`` then ``detach()``."""
         self.stop(error)
-        self.detach()
+        token, self._token = self._token, None
+        if token is not None:  # detach(), inlined: this is every request's path
+            try:
+                _current.reset(token)
+            except ValueError:
+                pass
+            self._root[_TRACE] = None  # type: ignore[index]
         return self
 
     __enter__ = start
@@ -477,9 +485,11 @@ class Trace:
             closed, starts, ends = self._closed_ns()
         root = self._root
         assert root is not None  # guarded by the callers
-        root[_CHILD] = 0
-        for sp in self._spans:  # a header may have summed them once already
-            sp[_CHILD] = 0
+        if not release or self._summed:  # a header summed them before: start again from zero
+            root[_CHILD] = 0
+            for sp in self._spans:
+                sp[_CHILD] = 0
+        self._summed = not release
         out: dict[str, int] = {}
         # children open after their parent: walking backwards, a span's children are done
         for i in range(len(closed) - 1, -1, -1):
