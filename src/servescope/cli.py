@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from rich.console import Console
 
@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
 
     doc = sub.add_parser("doctor", help="name the causes of a slow endpoint, with evidence and the fix")
-    doc.add_argument("target", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app)")
+    doc.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app)")
+    doc.add_argument("--url", help="an endpoint already running: only the checks that work from outside")
     doc.add_argument("--payload", metavar="FILE", help="a JSON request body (for a handler: its argument)")
     doc.add_argument("--path", default="/predict", help="the route to POST to, for apps (default /predict)")
     doc.add_argument("--requests", type=_positive_int, default=30, help="sequential warm requests (default 30)")
@@ -191,9 +192,6 @@ def _doctor(args: argparse.Namespace, console: Console) -> int:
 
     from .doctor import DoctorOptions, diagnose
     from .loader import load_target
-    from .renderers.html import render_html
-    from .renderers.terminal import render_terminal
-    from .report import SEVERITIES
 
     if not args.payload:
         raise ConfigError("give --payload FILE: the JSON body to send (a handler gets it parsed)")
@@ -203,7 +201,8 @@ def _doctor(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"cannot read payload file {args.payload!r}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"payload file {args.payload!r} is not valid JSON: {exc}") from None
-    obj = load_target(args.target)
+    if (args.target is None) == (args.url is None):
+        raise ConfigError("give a TARGET (path/to/file.py:name) or --url URL, not both")
     options = DoctorOptions(
         path=args.path,
         requests=args.requests,
@@ -211,6 +210,13 @@ def _doctor(args: argparse.Namespace, console: Console) -> int:
         concurrent_requests=max(args.concurrency * 6, 24),
         timeout_s=args.timeout,
     )
+    if args.url:
+        from .doctor import diagnose_url
+
+        with console.status(f"servescope doctor --url {args.url}"):
+            report = diagnose_url(args.url, payload=payload, options=options)
+        return _finish_doctor(report, args, console)
+    obj = load_target(args.target)
     with console.status("servescope doctor: starting") as status:
         report = diagnose(
             obj,
@@ -219,6 +225,16 @@ def _doctor(args: argparse.Namespace, console: Console) -> int:
             progress=lambda phase, frac: status.update(f"servescope doctor: {phase}"),
             target_name=args.target,
         )
+    return _finish_doctor(report, args, console)
+
+
+def _finish_doctor(report: Any, args: argparse.Namespace, console: Console) -> int:
+    from pathlib import Path
+
+    from .renderers.html import render_html
+    from .renderers.terminal import render_terminal
+    from .report import SEVERITIES
+
     render_terminal(report, console=console)
     if args.json:
         report.save(args.json)

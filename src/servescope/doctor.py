@@ -29,7 +29,7 @@ from .rules import diagnose_report
 from .targets import Observation, make_target, payload_bytes
 from .timing import OTHER
 
-__all__ = ["DoctorOptions", "diagnose"]
+__all__ = ["DoctorOptions", "diagnose", "diagnose_url"]
 
 _MODEL_STAGES = ("infer", "to_device", "to_host")
 
@@ -387,3 +387,36 @@ def diagnose(
         report.extra["endpoint_errors"] = failures[:5]
     report.findings = diagnose_report(report)
     return report
+
+
+def diagnose_url(url: str, *, payload: Any, options: DoctorOptions | None = None) -> Report:
+    """The checks that work from outside, on an endpoint that is already running: the cold
+    first request, the Server-Timing breakdown of sequential requests, and how throughput
+    scales with concurrent callers. No probes: causes inside the process need a TARGET."""
+    from .bench import BenchOptions, run_bench
+
+    options = options or DoctorOptions()
+    common = dict(method="POST", bodies=[payload_bytes(payload)], content_type="application/json", timeout_s=options.timeout_s, warmup_s=0.0)
+    started = time.perf_counter()
+    [seq] = run_bench(BenchOptions(url=url, concurrency=[1], requests=options.requests, **common))
+    [par] = run_bench(BenchOptions(url=url, concurrency=[options.concurrency], requests=options.concurrent_requests, **common))
+    seq_rps, par_rps = seq.extra.get("throughput_rps"), par.extra.get("throughput_rps")
+    p50 = seq.latency.get("p50_ms")
+    zero = {"loads_per_request": 0, "constructed_per_request": 0}
+    seq.extra["evidence"] = {
+        "target_kind": "url",
+        "cold": {"latency_ms": seq.latency.get("first_ms") or 0.0, "error": seq.extra.get("first_error"), "loads": 0, "constructed": 0, "load_calls": []},
+        "warm": {"requests": seq.latency.get("count"), "p50_ms": p50, **zero},
+        "concurrent": {"concurrency": options.concurrency, "throughput_rps": par_rps, "sequential_rps": seq_rps, "p50_ms": par.latency.get("p50_ms")},
+        "scaling": round(par_rps / seq_rps, 2) if seq_rps and par_rps else None,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    seq.meta.update(title=f"servescope doctor --url {url}", tool="servescope doctor", target=url, diagnosed=True)
+    seq.findings = diagnose_report(seq)
+    scale = seq.extra["evidence"]["scaling"]
+    if scale is not None:
+        seq.extra["scaling_note"] = (
+            f"Concurrency scaling: 1 caller {seq_rps:.1f} req/s, {options.concurrency} callers {par_rps:.1f} req/s ({scale:.2f}x)"
+            + ("; requests are served one at a time: run the doctor on the code (TARGET) to see why" if scale < 1.3 else "")
+        )
+    return seq

@@ -93,3 +93,27 @@ def test_a_server_that_dies_mid_run_is_data(tmp_path):
     data = json.loads(out.read_text())
     assert data["latency"]["count"] > 0
     assert data["errors"].get("connection refused", 0) + data["errors"].get("connection reset", 0) > 0
+
+
+def test_doctor_url_checks_a_running_endpoint_from_outside(test_server, tmp_path):
+    payload = tmp_path / "p.json"
+    payload.write_text('{"x": 1}')
+    out = tmp_path / "d.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "doctor", "--url", f"{test_server}/delay", "--payload", str(payload), "--requests", "10", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "Concurrency scaling: 1 caller" in p.stdout
+    data = json.loads(out.read_text())
+    assert data["stages"]["infer"]["count"] == 10  # the server's Server-Timing breakdown
+    assert data["evidence"]["scaling"] > 2  # an async sleep serves 8 callers at once
+    assert data["findings"] == []
+
+
+def test_doctor_needs_a_target_or_a_url_not_both(tmp_path):
+    payload = tmp_path / "p.json"
+    payload.write_text("{}")
+    for args in ([], ["x.py:f", "--url", "http://127.0.0.1:9/"]):
+        p = subprocess.run([sys.executable, "-m", "servescope", "doctor", *args, "--payload", str(payload)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "TARGET" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -94,6 +94,8 @@ def _headline(report: Report) -> list[Text]:
     hint = (report.extra.get("server_timing") or {}).get("hint")
     if hint:
         lines.append(Text(f"No per-stage breakdown: {hint}.", style="dim"))
+    if report.extra.get("scaling_note"):
+        lines.append(Text(report.extra["scaling_note"]))
     for err in report.extra.get("endpoint_errors") or []:
         lines.append(Text(f"The endpoint failed: {err}", style="red"))
     if report.errors:
