@@ -16,7 +16,7 @@ import orjson
 from .exceptions import ConfigError, require
 from .timing import Trace
 
-__all__ = ["JsonLinesExporter", "OpenTelemetryExporter", "PrometheusExporter", "STAGE_BUCKETS"]
+__all__ = ["JsonLinesExporter", "OpenTelemetryExporter", "PrometheusExporter", "RecorderCollector", "STAGE_BUCKETS"]
 
 #: Seconds. Prometheus's default buckets start at 5 ms and would put every fast stage in one
 #: bucket; these resolve 50 us stages as well as 30 s requests.
@@ -88,6 +88,49 @@ class PrometheusExporter:
             registry = prom.CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
         return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
+
+
+class RecorderCollector:
+    """Prometheus metrics computed from a Recorder when scraped, not observed per request.
+
+    The recorder already keeps every stage's distribution, so the request path pays nothing
+    more for /metrics: ``{prefix}_stage_seconds{stage}``, ``{prefix}_request_seconds`` and
+    ``{prefix}_requests_total{status}`` are built at scrape time (single process; under
+    several workers use PrometheusExporter's multiprocess mode).
+
+        registry.register(RecorderCollector(recorder))
+    """
+
+    def __init__(self, recorder: Any, *, prefix: str = "servescope", buckets: Sequence[float] = STAGE_BUCKETS) -> None:
+        require("prometheus_client", "prometheus", "RecorderCollector needs it.")
+        self.recorder = recorder
+        self.prefix = prefix
+        self.buckets = list(buckets)
+
+    def _histogram(self, family: Any, labels: list[str], dist: Any) -> None:
+        counts = dist.count_le([b * 1000 for b in self.buckets])
+        pairs = [(repr(float(b)), float(c)) for b, c in zip(self.buckets, counts)]
+        pairs.append(("+Inf", float(len(dist))))
+        family.add_metric(labels, pairs, dist.total() / 1000)
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        rec = self.recorder
+        stages = HistogramMetricFamily(f"{self.prefix}_stage_seconds", "Time per request spent in each stage", labels=["stage"])
+        for name, dist in rec.stages.items():
+            self._histogram(stages, [name], dist)
+        yield stages
+        request = HistogramMetricFamily(f"{self.prefix}_request_seconds", "Server time per successful request")
+        self._histogram(request, [], rec.latency)
+        yield request
+        counter = CounterMetricFamily(f"{self.prefix}_requests", "Requests by response status", labels=["status"])
+        if len(rec.latency):
+            counter.add_metric(["200"], float(len(rec.latency)))
+        for kind, n in rec.errors.items():
+            status = kind[5:] if kind.startswith("HTTP ") else "error"
+            counter.add_metric([status], float(n))
+        yield counter
 
 
 class OpenTelemetryExporter:

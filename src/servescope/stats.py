@@ -158,6 +158,23 @@ class Distribution:
             out.append(min(max(value, self._min), self._max))
         return out
 
+    def count_le(self, bounds: Iterable[float]) -> list[int]:
+        """How many samples are <= each bound (ms): a histogram's cumulative buckets."""
+        bounds = list(bounds)
+        if len(self) == 0:
+            return [0] * len(bounds)
+        if self._counts is None:
+            values = np.sort(self._exact)
+            return [int(n) for n in np.searchsorted(values, bounds, side="right")]
+        cum = np.cumsum(self._counts)
+        idx = np.ceil(np.log(np.clip(bounds, MIN_MS, MAX_MS)) / _LOG_GAMMA).astype(np.int64) - _OFFSET
+        return [int(cum[min(max(i, 0), _NBUCKETS - 1)]) for i in idx]
+
+    def total(self) -> float:
+        """The sum of all samples (ms)."""
+        len(self)
+        return self._sum
+
     # -- merging and serialization -----------------------------------------------------------
     def merge(self, other: Distribution) -> Distribution:
         """A new distribution holding both sets of samples (exact if both are, and small)."""

@@ -78,12 +78,12 @@ class ServeApp:
             sizes = sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
         self.warmup_batch_sizes = sizes
         self.recorder = recorder if recorder is not None else Recorder()
+        self.metrics = _Metrics.create(self.recorder)
         self.state = "starting"
         self.failure: str | None = None
         self.info: dict[str, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
-        self.metrics = _Metrics.create()
         self._msgpack = importlib.util.find_spec("msgpack") is not None  # else JSON for everyone
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -264,16 +264,14 @@ class ServeApp:
             headers.append((b"retry-after", b"1"))
         await _respond(send, status, body, headers)
         error = None if status < 400 else f"HTTP {status}"
-        self.recorder.record_ns(durations, total, error)
-        if self.metrics is not None:
-            self.metrics.observe(durations, total, status)
+        self.recorder.record_ns(durations, total, error)  # /metrics is computed from it
 
     async def _serve_metrics(self, send: Any) -> None:
         if self.metrics is None:
             await _respond(send, 501, _error_body("metrics need prometheus-client: pip install 'servescope[prometheus]'"))
             return
         self.metrics.queue_depth.set(self.batcher.depth())
-        body, ctype = self.metrics.exporter.exposition()
+        body, ctype = self.metrics.exposition()
         await _respond(send, 200, body, [(b"content-type", ctype.encode())])
 
 
@@ -297,25 +295,28 @@ async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[byte
 
 
 class _Metrics:
-    """The runtime's Prometheus metrics, on the exporter's registry."""
+    """The runtime's Prometheus metrics: stages and statuses from the recorder at scrape time
+    (nothing per request), batch sizes per batch, queue depth at scrape."""
 
-    def __init__(self, exporter: Any) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         import prometheus_client as prom
 
-        self.exporter = exporter
+        from ..exporters import RecorderCollector
+
+        self._prom = prom
+        self.registry = prom.CollectorRegistry()
+        self.registry.register(RecorderCollector(recorder))
         self.batch_size = prom.Histogram(
-            "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=exporter.registry
+            "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
         )
-        self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=exporter.registry)
+        self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=self.registry)
 
     @classmethod
-    def create(cls) -> _Metrics | None:
+    def create(cls, recorder: Recorder) -> _Metrics | None:
         try:
-            from ..exporters import PrometheusExporter
-
-            return cls(PrometheusExporter())
+            return cls(recorder)
         except ImportError:
             return None
 
-    def observe(self, durations: dict[str, int], total: int, status: int) -> None:
-        self.exporter.observe(durations, total, status)
+    def exposition(self) -> tuple[bytes, str]:
+        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
