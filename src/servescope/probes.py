@@ -77,6 +77,7 @@ class Probes:
         self._undo: list[Callable[[], None]] = []
         self._local = threading.local()
         self.captured: dict[str, Any] = {}  # first model and input seen: the batch probe replays it
+        self._static_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.torch: Any = None
 
     # -- install / remove --------------------------------------------------------------------
@@ -264,20 +265,32 @@ class Probes:
         x = next((a for a in args if isinstance(a, torch.Tensor)), None)
         if x is None and args and isinstance(args[0], Mapping):  # tokenizer output: a dict of tensors
             x = next((v for v in args[0].values() if isinstance(v, torch.Tensor)), None)
-        param = next(module.parameters(), None)
-        training = [m for m in module.modules() if m.training]
-        behaves = (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)
         return {
-            "module": type(module).__name__,
+            **self._static(module),
             "batch": int(x.shape[0]) if x is not None and x.dim() > 0 else None,
             "input_device": str(x.device) if x is not None else None,
-            "param_device": str(param.device) if param is not None else None,
-            "training": bool(training),
-            "training_changes_output": any(isinstance(m, behaves) for m in training),
             "grad": torch.is_grad_enabled() and not torch.is_inference_mode_enabled(),
             "on_event_loop": _loop_running(),
-            "thread": threading.get_ident(),
         }
+
+    def _static(self, module: Any) -> dict[str, Any]:
+        """What walking the module tree tells (class, device, training flags), cached per
+        module and re-read when its own training flag or first parameter's device changes:
+        walking a 100-module model on every request would distort what it measures."""
+        param = next(module.parameters(), None)
+        key = (id(module), module.training, None if param is None else param.device)
+        cached = self._static_cache.get(key)
+        if cached is None:
+            torch = self.torch
+            training = [m for m in module.modules() if m.training]
+            behaves = (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)
+            cached = self._static_cache[key] = {
+                "module": type(module).__name__,
+                "param_device": str(param.device) if param is not None else None,
+                "training": bool(training),
+                "training_changes_output": any(isinstance(m, behaves) for m in training),
+            }
+        return cached
 
     def _tensor_copy(self, torch: Any, original: Callable[..., Any], *, is_to: bool = False) -> Callable[..., Any]:
         to_device, to_host = stage("to_device"), stage("to_host")

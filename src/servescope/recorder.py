@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from typing import Any, Mapping
@@ -43,7 +44,9 @@ class Recorder:
         self.errors: dict[str, int] = {}
         self.first_ms: float | None = None
         self.samples: list[dict[str, Any]] = []
-        self._pending: list[tuple[dict[str, int], int, str | None, float | None]] = []
+        # a deque: appends from any thread are atomic, and _fold drains by count, so a request
+        # recorded while a fold runs is never lost
+        self._pending: collections.deque[tuple[dict[str, int], int, str | None, float | None]] = collections.deque()
         self._lock = threading.Lock()
 
     def record(self, trace: Trace) -> None:
@@ -82,7 +85,8 @@ class Recorder:
 
     def _fold(self) -> None:
         with self._lock:
-            rows, self._pending = self._pending, []
+            pending = self._pending
+            rows = [pending.popleft() for _ in range(len(pending))]
             if not rows:
                 return
             if self.first_ms is None:

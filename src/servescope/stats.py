@@ -14,6 +14,7 @@ vectorised batches, so recording stays cheap on a server's hot path.
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from typing import Any, Iterable
@@ -59,7 +60,7 @@ class Distribution:
         if not isinstance(exact_limit, int) or exact_limit < 0:
             raise RecordError(f"exact_limit must be an int >= 0, got {exact_limit!r}")
         self.exact_limit = exact_limit
-        self._pending: list[float] = []
+        self._pending: collections.deque[float] = collections.deque()  # atomic appends, drained by count
         self._exact: np.ndarray = np.empty(0)
         self._counts: np.ndarray | None = None  # the sketch, once exact_limit is passed
         self._count = 0
@@ -86,7 +87,8 @@ class Distribution:
 
     def _flush(self) -> None:
         with self._lock:
-            pending, self._pending = self._pending, []
+            queued = self._pending
+            pending = [queued.popleft() for _ in range(len(queued))]
             if pending:
                 self._absorb(np.asarray(pending, dtype=float))
 
