@@ -220,7 +220,6 @@ async def _run_level(
         total_requests = options.requests + (round(options.warmup_s * level) if mode == "rate" else 0)
     if options.requests is not None and mode == "concurrency":
         measure_from = t0  # a request budget in closed loop: no time-based warm-up
-    gen.measure_from_ns = measure_from  # type: ignore[attr-defined]
     if mode == "concurrency":
         await gen.closed_loop(concurrency=int(level), duration_s=duration, requests=total_requests)
     else:

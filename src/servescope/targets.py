@@ -219,8 +219,6 @@ class _HTTPTarget:
         before = len(self.collector.items)
         gen = LoadGenerator(target, raw, timeout_s=self.timeout_s)
         t0 = time.perf_counter()
-        gen._limit_seconds = max_seconds  # type: ignore[attr-defined]
-
         async def run() -> list[Any]:
             task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests))
             done, _ = await asyncio.wait({task}, timeout=max_seconds)
