@@ -33,8 +33,9 @@ import math
 import sys
 import time
 from contextvars import ContextVar
-from typing import Any, Callable, Literal, Protocol, TypeVar
+from typing import Any, Callable, Literal, TypeVar
 
+from .clocks import _WALL, Clock, CudaEventClock, SyncClock, WallClock, resolve_clock
 from .exceptions import ConfigError, RecordError, StageError
 
 __all__ = [
@@ -91,131 +92,6 @@ def order_stages(names: Any) -> list[str]:
         _ORDER_CACHE.clear()
     _ORDER_CACHE[key] = ordered
     return ordered
-
-
-# ---------------------------------------------------------------------------------------------
-# Clocks: how a boundary is marked and how marks become nanoseconds.
-
-
-class Clock(Protocol):
-    """Marks stage boundaries; turns marks into nanoseconds since the trace's first mark."""
-
-    name: str
-
-    def mark(self) -> Any: ...
-
-    def resolve(self, start: Any, marks: list[Any]) -> list[int]: ...
-
-
-class WallClock:
-    """Host time (``time.perf_counter_ns``). Right for CPU work; blind to queued CUDA kernels.
-
-    Pass another ``now`` (a callable returning integer nanoseconds) to drive it by hand in tests.
-    """
-
-    name = "wall"
-
-    def __init__(self, now: Callable[[], int] = time.perf_counter_ns) -> None:
-        self.mark = now
-
-    def resolve(self, start: int, marks: list[int]) -> list[int]:
-        return [m - start for m in marks]
-
-    def __repr__(self) -> str:
-        return "WallClock()"
-
-
-class SyncClock(WallClock):
-    """Host time taken after a device synchronisation at every boundary.
-
-    Right on a GPU, but each boundary stalls the host until all queued work is done, so the
-    pipeline loses its overlap: use it to check, not in production.
-    """
-
-    name = "sync"
-
-    def __init__(
-        self,
-        synchronize: Callable[[], None] | None = None,
-        now: Callable[[], int] = time.perf_counter_ns,
-    ) -> None:
-        if synchronize is None:
-            import torch
-
-            synchronize = torch.cuda.synchronize
-        self._synchronize = synchronize
-        self._now = now
-
-        def mark() -> int:
-            self._synchronize()
-            return self._now()
-
-        self.mark = mark
-
-    def __repr__(self) -> str:
-        return "SyncClock()"
-
-
-class CudaEventClock:
-    """CUDA events recorded on the current stream at each boundary, resolved once at the end.
-
-    Each stage is charged with the stream's progress between its boundaries, so kernel time
-    lands in the stage that launched it, and the request is never stalled mid-way.
-    ``event`` is a factory of objects with ``record()``, ``synchronize()`` and
-    ``elapsed_time(other) -> ms`` (``torch.cuda.Event`` by default; a fake in tests).
-    """
-
-    name = "events"
-
-    def __init__(self, event: Callable[..., Any] | None = None) -> None:
-        if event is None:
-            import torch
-
-            event = torch.cuda.Event
-        self._event = event
-
-    def mark(self) -> Any:
-        ev = self._event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def resolve(self, start: Any, marks: list[Any]) -> list[int]:
-        out = []
-        for ev in marks:
-            ev.synchronize()  # a no-op for all but the latest: the stream runs in order
-            out.append(round(start.elapsed_time(ev) * 1e6))
-        return out
-
-    def __repr__(self) -> str:
-        return "CudaEventClock()"
-
-
-_WALL = WallClock()
-
-
-def _cuda_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:  # never imported: CUDA cannot be in use, and we do not import it
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:  # a half-imported or stub torch must not break the user's request
-        return False
-
-
-def resolve_clock(cuda: str, clock: Clock | None) -> Clock:
-    """The clock a trace uses for the given ``cuda`` mode."""
-    if clock is not None:
-        return clock
-    if cuda == "wall":
-        return _WALL
-    if cuda == "auto":
-        return CudaEventClock() if _cuda_initialized() else _WALL
-    if cuda == "events":
-        return CudaEventClock()
-    if cuda == "sync":
-        return SyncClock()
-    raise ConfigError(f"cuda must be 'auto', 'events', 'sync' or 'wall', not {cuda!r}")
 
 
 # ---------------------------------------------------------------------------------------------
