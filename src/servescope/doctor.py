@@ -150,7 +150,7 @@ def _batch_probe(probes: Any, sizes: tuple[int, ...]) -> dict[str, Any] | None:
     one = rows(1)
     out: dict[str, Any] = {"per_item_ms": {}}
 
-    def best(fn: Callable[[], Any], repeat: int = 5) -> float:
+    def best(fn: Callable[[], Any], repeat: int = 9) -> float:
         fn()
         times = []
         for _ in range(repeat):
