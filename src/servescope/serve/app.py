@@ -223,7 +223,12 @@ class ServeApp:
                         return  # the client is gone: nobody to answer
                     raise asyncio.TimeoutError
             else:
-                await asyncio.wait_for(future, self.timeout_s)
+                # one timer instead of wait_for's wrapper future: this is every request's path
+                timer = loop.call_later(self.timeout_s, _expire, future)
+                try:
+                    await future
+                finally:
+                    timer.cancel()
         except asyncio.TimeoutError:
             item.cancelled = True
             await self._reply(send, 504, _error_body(f"no answer within {self.timeout_s:g} s"), t0, durations)
@@ -273,6 +278,11 @@ class ServeApp:
         self.metrics.queue_depth.set(self.batcher.depth())
         body, ctype = self.metrics.exposition()
         await _respond(send, 200, body, [(b"content-type", ctype.encode())])
+
+
+def _expire(future: asyncio.Future[Item]) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())
 
 
 def _resolve(pairs: list[tuple[asyncio.Future[Item], Item]]) -> None:
