@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .exceptions import ConfigError, ServerTimingError
-from .loadgen import LoadGenerator, Result, Target, build_requests
+from .loadgen import LoadGenerator, Result, Target, build_requests, error_kind
 from .recorder import Recorder
 from .report import Report
 from .servertiming import server_timing_durations
@@ -106,14 +106,6 @@ class BenchOptions:
         )  # fmt: skip
 
 
-def _kind(result: Result) -> str | None:
-    if result[5] is not None:
-        return result[5]
-    if result[3] >= 400:
-        return f"HTTP {result[3]}"
-    return None
-
-
 def results_report(
     results: list[Result],
     *,
@@ -135,10 +127,11 @@ def results_report(
     measured = [r for r in results if r[0] >= measure_from_ns]
     with_timing = 0
     bad_timing = 0
-    for sched, sent, done, status, st, err in measured:
+    for result in measured:
+        sched, sent, done, status, st, _ = result
         start = sched if sched < sent else sent
         latency = (done - start) / 1e6
-        kind = _kind((sched, sent, done, status, st, err))
+        kind = error_kind(result)
         if kind is not None:
             rec.record_durations({}, latency, error=kind)
             continue
@@ -196,7 +189,7 @@ async def _first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float
     if not results:
         return None, "no response"
     r = results[0]
-    kind = _kind(r)
+    kind = error_kind(r)
     return (r[2] - r[1]) / 1e6, kind
 
 

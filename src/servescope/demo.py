@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .exceptions import ConfigError, require
+from .targets import free_port
 
 __all__ = ["examples_dir", "run_demo"]
 
@@ -30,12 +30,6 @@ def examples_dir() -> Path:
         if (candidate / "slow_service.py").is_file():
             return candidate
     raise ConfigError("the demo's example services are missing: run it from a servescope checkout (make demo)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(url: str, proc: subprocess.Popen, timeout: float = 120.0, ok: tuple[int, ...] = (200, 404, 405)) -> None:
@@ -62,7 +56,7 @@ class _Services:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, args: list[str]) -> tuple[subprocess.Popen, int]:
-        port = _free_port()
+        port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.Popen([*args, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         self.procs.append(proc)

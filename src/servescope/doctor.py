@@ -59,17 +59,10 @@ def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str,
             durations["load"] = durations.get("load", 0.0) + built
             durations[OTHER] -= built
             spans.append(("load", lo, hi, 0))
-    model = [s for s in spans if s[0] in _MODEL_STAGES]
-    if not model or durations.get(OTHER, 0.0) <= 0:
+    bounds = _model_bounds(trace, spans, evidence)
+    if bounds is None or durations.get(OTHER, 0.0) <= 0:
         return durations
-    first, last = min(s[1] for s in model), max(s[2] for s in model)
-    before = [s for s in spans if s[2] <= first and s[0] in ("validate", "receive")]
-    begin = max((s[2] for s in before), default=0.0)
-    entered = (evidence or {}).get("handler_start_ns")
-    if entered is not None and trace.started_ns is not None:  # not the framework's thread hop
-        begin = max(begin, min((entered - trace.started_ns) / 1e6, first))
-    after = [s for s in spans if s[1] >= last and s[0] in ("serialize", "send")]
-    end = min((s[1] for s in after), default=trace.total_ms)
+    begin, first, last, end = bounds
 
     def gap(lo: float, hi: float) -> float:
         covered = sum(max(0.0, min(s[2], hi) - max(s[1], lo)) for s in spans)
@@ -90,7 +83,25 @@ def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str,
     return durations
 
 
-def stage_windows(trace: Any) -> dict[str, list[tuple[int, int]]]:
+def _model_bounds(
+    trace: Any, spans: list[tuple[str, float, float, int]], evidence: dict[str, Any] | None
+) -> tuple[float, float, float, float] | None:
+    """(begin, first, last, end) in ms since the trace began: preprocessing runs from the end of
+    validation (or the handler's real start) to the first model/transfer call, postprocessing
+    from the last one to serialization. None when the request never called the model."""
+    model = [s for s in spans if s[0] in _MODEL_STAGES]
+    if not model:
+        return None
+    first, last = min(s[1] for s in model), max(s[2] for s in model)
+    begin = max((s[2] for s in spans if s[2] <= first and s[0] in ("validate", "receive")), default=0.0)
+    entered = (evidence or {}).get("handler_start_ns")
+    if entered is not None and trace.started_ns is not None:  # not the framework's thread hop
+        begin = max(begin, min((entered - trace.started_ns) / 1e6, first))
+    end = min((s[1] for s in spans if s[1] >= last and s[0] in ("serialize", "send")), default=trace.total_ms)
+    return begin, first, last, end
+
+
+def stage_windows(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str, list[tuple[int, int]]]:
     """Absolute (perf_counter ns) windows of a trace's pre/post/serialize time, for sampling."""
     base = trace.started_ns
     if base is None:
@@ -100,11 +111,9 @@ def stage_windows(trace: Any) -> dict[str, list[tuple[int, int]]]:
     for name, lo, hi, _ in spans:
         if name in out:
             out[name].append((base + int(lo * 1e6), base + int(hi * 1e6)))
-    model = [s for s in spans if s[0] in _MODEL_STAGES]
-    if model:
-        first, last = min(s[1] for s in model), max(s[2] for s in model)
-        begin = max((s[2] for s in spans if s[2] <= first and s[0] in ("validate", "receive")), default=0.0)
-        end = min((s[1] for s in spans if s[1] >= last and s[0] in ("serialize", "send")), default=trace.total_ms)
+    bounds = _model_bounds(trace, spans, evidence)
+    if bounds is not None:
+        begin, first, last, end = bounds
         out["preprocess"].append((base + int(begin * 1e6), base + int(first * 1e6)))
         out["postprocess"].append((base + int(last * 1e6), base + int(end * 1e6)))
     return out
@@ -308,7 +317,7 @@ def diagnose(
     windows: dict[str, list[tuple[int, int]]] = {}
     for o in ok_warm:
         if o.trace is not None:
-            for k, v in stage_windows(o.trace).items():
+            for k, v in stage_windows(o.trace, o.evidence).items():
                 windows.setdefault(k, []).extend(v)
     evidence["hot_spots"] = sampler.hot_spots(windows)
     report.extra["evidence"] = evidence

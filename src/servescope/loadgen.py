@@ -26,13 +26,22 @@ import httptools
 
 from .exceptions import ConfigError
 
-__all__ = ["LoadGenerator", "Result", "Target", "build_requests", "schedule"]
+__all__ = ["LoadGenerator", "Result", "Target", "build_requests", "error_kind", "schedule"]
 
 _EARLY_NS = 200_000
 
 #: One completed (or failed) request:
 #: (scheduled_ns, sent_ns, done_ns, status or 0, server-timing bytes or None, error kind or None)
 Result = tuple[int, int, int, int, bytes | None, str | None]
+
+
+def error_kind(result: Result) -> str | None:
+    """Why a request failed (a transport error, or ``HTTP <status>`` for >= 400), or None."""
+    if result[5] is not None:
+        return result[5]
+    if result[3] >= 400:
+        return f"HTTP {result[3]}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -170,9 +170,9 @@ class _HTTPTarget:
     """Shared by the in-process ASGI and WSGI servers and a URL."""
 
     kind = "http"
-    path = "/"
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, path: str, timeout_s: float) -> None:
+        self.path = path
         self.timeout_s = timeout_s
         self.collector = _Collector()
         self.host = "127.0.0.1"
@@ -212,7 +212,7 @@ class _HTTPTarget:
     def concurrent(
         self, payload: Any, body: bytes, concurrency: int, requests: int, max_seconds: float
     ) -> tuple[list[Observation], float]:
-        from .loadgen import LoadGenerator, Target, build_requests
+        from .loadgen import LoadGenerator, Target, build_requests, error_kind
 
         target = Target.parse(self.url)
         raw = build_requests(target, method="POST", bodies=[body], content_type="application/json")
@@ -231,7 +231,7 @@ class _HTTPTarget:
         traces = self.collector.items[before:]
         obs = []
         for i, r in enumerate(results):
-            err = r[5] or (f"HTTP {r[3]}" if r[3] >= 400 else None)
+            err = error_kind(r)
             tr, ev = traces[i] if i < len(traces) else (None, None)
             obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}))
         return obs, elapsed
@@ -264,8 +264,7 @@ class ASGITarget(_HTTPTarget):
     kind = "asgi"
 
     def __init__(self, app: Any, path: str, timeout_s: float) -> None:
-        super().__init__(timeout_s)
-        self.path = path
+        super().__init__(path, timeout_s)
         inner = ServescopeMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
         self.app = _EvidenceASGI(inner, self.lag_ms)
         self._server: Any = None
@@ -274,7 +273,7 @@ class ASGITarget(_HTTPTarget):
     def start(self) -> None:
         import uvicorn
 
-        self.port = _free_port()
+        self.port = free_port()
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="error", access_log=False, lifespan="auto")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="servescope-uvicorn")
@@ -317,8 +316,7 @@ class WSGITarget(_HTTPTarget):
     kind = "wsgi"
 
     def __init__(self, app: Any, path: str, timeout_s: float) -> None:
-        super().__init__(timeout_s)
-        self.path = path
+        super().__init__(path, timeout_s)
         inner = ServescopeWSGIMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
 
         def with_evidence(environ: dict[str, Any], start_response: Any) -> Any:
@@ -340,7 +338,7 @@ class WSGITarget(_HTTPTarget):
             self._server.server_close()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
