@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,torch,demo]"
+	$(BIN)/python -m pip install -q -e ".[dev,torch,demo,ray]"
 	touch $(STAMP)
 
 demo: $(STAMP)

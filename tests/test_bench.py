@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from servescope.bench import CLIENT_WAIT, NETWORK, BenchOptions, parse_duration, results_report
+from servescope.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_duration, results_report
 from servescope.exceptions import ConfigError
 from servescope.loadgen import Target, build_requests, schedule
 from servescope.renderers.html import render_html
@@ -168,3 +168,13 @@ def test_the_report_says_when_the_generator_fell_behind_its_schedule():
     late = results_report(results, measure_from_ns=0, lags_ns=[100_000] * 90 + [8 * MS] * 10)
     assert on_time.extra["generator"]["behind"] is False
     assert late.extra["generator"]["behind"] is True and late.extra["generator"]["schedule_lag_p99_ms"] == 8.0
+
+
+def test_behind_a_proxy_the_gap_is_named_for_it_and_replicas_are_counted():
+    a = b'infer;dur=5, total;dur=6, replica;desc="a", upstream;desc="ray serve proxy"'
+    b = b'infer;dur=5, total;dur=6, replica;desc="b", upstream;desc="ray serve proxy"'
+    results = [(0, 0, 10 * MS, 200, a, None), (0, 0, 9 * MS, 200, a, None), (0, 0, 8 * MS, 200, b, None)]
+    rep = results_report(results, measure_from_ns=0)
+    assert NETWORK not in rep.stages
+    assert rep.stages[PROXY]["mean_ms"] == pytest.approx(3.0)  # (4 + 3 + 2) / 3
+    assert rep.extra["replicas"] == {"a": 2, "b": 1}

@@ -379,3 +379,21 @@ def test_batcher_with_max_wait_collects_late_items_by_its_clock():
     b.submit(Item(1))
     now[0] = 10_000_000  # the wait is already over by this clock: it does not block
     assert [it.payload for it in b.next_batch(block=False)] == [1]
+
+
+def test_report_route_gives_the_served_figures_and_load_now_makes_startup_skip_loading():
+    model = Doubler()
+    app = servescope.serve(model, timing_suffix=', replica;desc="r1"')
+    assert app.load_now() == "ready"  # a host that decides readiness itself (a Ray replica)
+
+    async def go():
+        async with Running(app) as client:
+            r = await client.post("/predict", json={"x": [1, 2, 3, 4]})
+            return r, await client.get("/report")
+
+    r, rep = run(go())
+    assert model.loads == 1  # startup() did not load a second time
+    assert r.headers["server-timing"].endswith(', replica;desc="r1"')
+    body = rep.json()
+    assert body["schema"] == "servescope.report/1" and body["latency"]["count"] == 1
+    assert "infer" in body["stages"] and "total" in body["distributions"]  # mergeable elsewhere

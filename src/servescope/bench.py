@@ -34,6 +34,11 @@ __all__ = ["BenchOptions", "parse_duration", "run_bench", "results_report"]
 #: The stage that holds what the server's own timing does not: the network, the client,
 #: and the server outside its stages before they started (accept, parsing).
 NETWORK = "network+client"
+#: The same gap when the server says a proxy stands before it (``upstream`` in its
+#: Server-Timing, as servescope's replicas on Ray Serve do): the proxy's parsing, routing and
+#: queueing, plus the network and the client.
+PROXY = "proxy+network"
+_REPLICA = re.compile(rb'replica;\s*desc="?([^",;]+)')
 #: Open loop only: time a request waited for its send slot (a free connection, or a late
 #: scheduler); part of the latency a user would see.
 CLIENT_WAIT = "client_wait"
@@ -127,6 +132,7 @@ def results_report(
     measured = [r for r in results if r[0] >= measure_from_ns]
     with_timing = 0
     bad_timing = 0
+    replicas: dict[str, int] = {}
     for result in measured:
         sched, sent, done, status, st, _ = result
         start = sched if sched < sent else sent
@@ -150,7 +156,11 @@ def results_report(
                 if total is not None and total > covered:  # server time outside its stages
                     stages[OTHER] = stages.get(OTHER, 0.0) + total - covered
                 server = total if total is not None else covered
-                stages[NETWORK] = max(from_send - server, 0.0)
+                stages[PROXY if b"upstream;" in st else NETWORK] = max(from_send - server, 0.0)
+                m = _REPLICA.search(st)
+                if m:
+                    replica = m.group(1).decode("latin-1")
+                    replicas[replica] = replicas.get(replica, 0) + 1
         wait = (sent - sched) / 1e6
         if wait > 0 and stages:
             stages[CLIENT_WAIT] = wait
@@ -172,6 +182,8 @@ def results_report(
         else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "
         "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
     }
+    if replicas:  # who answered, from each response's Server-Timing
+        report.extra["replicas"] = dict(sorted(replicas.items()))
     if lags_ns:
         lags = np.asarray(lags_ns, dtype=float) / 1e6
         p99 = float(np.percentile(lags, 99))
@@ -200,6 +212,9 @@ async def _run_level(
     level: float,
     on_tick: Callable[[LoadGenerator], None] | None,
     state: dict[str, Any],
+    *,
+    offset_ns: int = 0,
+    seed: int | None = None,
 ) -> tuple[list[Result], int, int | None, list[int]]:
     gen = LoadGenerator(
         options.target, raw, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick
@@ -217,13 +232,33 @@ async def _run_level(
         await gen.closed_loop(concurrency=int(level), duration_s=duration, requests=total_requests)
     else:
         await gen.open_loop(
-            rate=level, duration_s=duration, requests=total_requests, poisson=options.poisson, seed=options.seed
-        )
+            rate=level, duration_s=duration, requests=total_requests, poisson=options.poisson,
+            seed=options.seed if seed is None else seed, offset_ns=offset_ns,
+        )  # fmt: skip
     state["gen"] = None
     until = None if options.duration_s is None else measure_from + round(options.duration_s * 1e9)
     if until is not None:
         until = min(until, time.perf_counter_ns())
     return gen.results, measure_from, until, gen.lags
+
+
+def level_meta(options: BenchOptions, mode: str, level: float) -> dict[str, Any]:
+    """What a level's report says of how it was run."""
+    return {
+        "tool": "servescope bench",
+        "target": str(options.target),
+        "method": options.method,
+        "mode": "closed loop" if mode == "concurrency" else ("open loop, Poisson" if options.poisson else "open loop"),
+        mode: level,
+        "duration_s": options.duration_s,
+        "warmup_s": options.warmup_s,
+        "title": f"servescope bench {options.method} {options.target} ({mode}={level:g})",
+    }
+
+
+def is_unreachable(error: str | None) -> bool:
+    """True for a first request that could not even connect (a wrong URL, a server not up)."""
+    return error in ("connection refused", "connect timeout") or (error or "").startswith("connect error")
 
 
 def run_bench(
@@ -254,7 +289,7 @@ def run_bench(
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
             pass
         first_ms, first_err = await _first_request(options, raw)
-        if first_err in ("connection refused", "connect timeout") or (first_err or "").startswith("connect error"):
+        if is_unreachable(first_err):
             raise ConfigError(f"cannot reach {options.target}: {first_err}")
         for mode, level in options.levels:
             if state["interrupted"]:
@@ -264,16 +299,7 @@ def run_bench(
             cpu0 = time.process_time()
             results, measure_from, until, lags = await _run_level(options, raw, mode, level, tick, state)
             cpu = time.process_time() - cpu0
-            meta = {
-                "tool": "servescope bench",
-                "target": str(options.target),
-                "method": options.method,
-                "mode": "closed loop" if mode == "concurrency" else ("open loop, Poisson" if options.poisson else "open loop"),
-                mode: level,
-                "duration_s": options.duration_s,
-                "warmup_s": options.warmup_s,
-                "title": f"servescope bench {options.method} {options.target} ({label})",
-            }
+            meta = level_meta(options, mode, level)
             if state["interrupted"]:
                 meta["interrupted"] = True
             rep = results_report(

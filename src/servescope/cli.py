@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--timeout", type=_duration, default=30.0, help="per-request timeout (default 30s)")
     bench.add_argument("--max-connections", type=_positive_int, default=1024, help="open loop: connection cap")
     bench.add_argument("--seed", type=int, help="seed for --poisson arrivals")
+    bench.add_argument("--ray", metavar="ADDRESS", help="run the load generators on a Ray cluster: auto, HOST:PORT, ray://HOST:PORT, or local")
+    bench.add_argument("--generators", type=_positive_int, default=None, help="with --ray: load generators (actors, one CPU each; default 2)")
     bench.add_argument("--json", metavar="FILE", help="write the report (JSON)")
     bench.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
 
@@ -130,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--timeout", type=_duration, default=None, help="per-request deadline, 504 after (default 30s)")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
     srv.add_argument("--threads", type=_positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
+    srv.add_argument("--ray", action="store_true", help="deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")
+    srv.add_argument("--replicas", type=_positive_int, default=None, help="with --ray: replicas (default 1)")
+    srv.add_argument("--ray-address", default=None, help="with --ray: the cluster (auto, HOST:PORT, ray://HOST:PORT; default: start one here)")
 
     report = sub.add_parser("report", help="print a saved report (JSON) again")
     report.add_argument("file", help="a report saved with --json")
@@ -280,6 +285,15 @@ def _serve(args: argparse.Namespace) -> int:
         app = obj
     else:
         raise ConfigError(f"{args.target} is {type(obj).__name__}, not a servescope.Model subclass or a serve() app")
+    if not args.ray and (args.replicas is not None or args.ray_address is not None):
+        raise ConfigError("--replicas and --ray-address go with --ray")
+    if args.ray:
+        from .serve.ray_serve import run
+
+        if not isinstance(obj, Model):
+            raise ConfigError("--ray deploys a servescope.Model (each replica builds its own app): point at the Model class")
+        run(obj, replicas=args.replicas or 1, host=args.host, port=args.port, address=args.ray_address, **options)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("servescope").setLevel(logging.INFO)
     sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} (loading...)\n")
@@ -327,8 +341,15 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         max_connections=args.max_connections,
         seed=args.seed,
     )
-    with BenchProgress(console, seconds=args.warmup + args.duration if not args.requests else None, requests=args.requests) as progress:
-        reports = run_bench(options, on_tick=progress.tick)
+    if args.generators is not None and not args.ray:
+        raise ConfigError("--generators goes with --ray ADDRESS")
+    if args.ray:
+        from .cluster import run_bench_ray
+
+        reports = run_bench_ray(options, address=args.ray, generators=args.generators or 2, say=lambda m: console.print(m))
+    else:
+        with BenchProgress(console, seconds=args.warmup + args.duration if not args.requests else None, requests=args.requests) as progress:
+            reports = run_bench(options, on_tick=progress.tick)
     if not reports:
         console.print("No load level completed.")
         return 1

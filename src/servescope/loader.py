@@ -11,6 +11,10 @@ from typing import Any
 from .exceptions import ConfigError
 
 
+#: The name a file imported by path gets: ``servescope_target_<stem>`` (not importable elsewhere).
+FILE_MODULE_PREFIX = "servescope_target_"
+
+
 def load_target(spec: str) -> Any:
     """Import ``spec`` and return the named object. The file's folder goes on ``sys.path``
     (as uvicorn does), so its own imports work. Raises ``ConfigError`` with one clear line."""
@@ -26,7 +30,7 @@ def load_target(spec: str) -> Any:
         folder = str(path.parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)
-        module_name = f"servescope_target_{path.stem}"
+        module_name = f"{FILE_MODULE_PREFIX}{path.stem}"
         spec_obj = importlib.util.spec_from_file_location(module_name, path)
         if spec_obj is None or spec_obj.loader is None:
             raise ConfigError(f"cannot import {where!r}")

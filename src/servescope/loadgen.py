@@ -369,8 +369,9 @@ class LoadGenerator:
             await self._finish(drain_s)
         return self.results
 
-    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float = 2.0) -> list[Result]:
-        """Requests sent on a fixed schedule at ``rate``/s, whatever the server does."""
+    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float = 2.0, offset_ns: int = 0) -> list[Result]:
+        """Requests sent on a fixed schedule at ``rate``/s, whatever the server does; the first
+        one ``offset_ns`` after the start (generators sharing a rate interleave this way)."""
         self._mode = "open"
         self.running = True
         sweeper = asyncio.ensure_future(self._sweep())
@@ -382,7 +383,7 @@ class LoadGenerator:
         start = time.perf_counter_ns()
         end = start + round(duration_s * 1e9) if duration_s is not None else None
         try:
-            for k, due in enumerate(schedule(rate, start, poisson=poisson, seed=seed)):
+            for k, due in enumerate(schedule(rate, start + offset_ns, poisson=poisson, seed=seed)):
                 if (end is not None and due >= end) or (requests is not None and k >= requests) or self.stopped:
                     break
                 now = time.perf_counter_ns()

@@ -35,7 +35,7 @@ class Recorder:
     then become a sketch with bounded memory.
     """
 
-    def __init__(self, *, exact_limit: int = 100_000, keep_samples: int = 10_000) -> None:
+    def __init__(self, *, exact_limit: int = 100_000, keep_samples: int = 10_000, deltas: bool = False) -> None:
         self.exact_limit = exact_limit
         self.keep_samples = keep_samples
         self._latency = Distribution(exact_limit=exact_limit)
@@ -48,6 +48,8 @@ class Recorder:
         # recorded while a fold runs is never lost
         self._pending: collections.deque[tuple[dict[str, int], int, str | None, float | None]] = collections.deque()
         self._lock = threading.Lock()
+        # rows folded since the last take_delta(), kept only when asked (replicas shipping deltas)
+        self._unsent: list[tuple[dict[str, int], int, str | None, float | None]] | None = [] if deltas else None
 
     def record(self, trace: Trace) -> None:
         """Record a finished trace."""
@@ -89,6 +91,8 @@ class Recorder:
             rows = [pending.popleft() for _ in range(len(pending))]
             if not rows:
                 return
+            if self._unsent is not None:
+                self._unsent.extend(rows)
             if self.first_ms is None:
                 self.first_ms = rows[0][1] / 1e6
             room = self.keep_samples - len(self.samples)
@@ -135,6 +139,21 @@ class Recorder:
                 samples=list(self.samples),
                 meta=meta,
             )
+
+    def take_delta(self, **meta: Any) -> Report | None:
+        """What was recorded since the previous call, as a Report with its distributions (None
+        when nothing was): a running server ships these to be merged elsewhere, so the merged
+        figures stay exact however long it runs. Needs ``Recorder(deltas=True)``."""
+        if self._unsent is None:
+            raise RecordError("take_delta() needs a Recorder(deltas=True)")
+        self._fold()
+        with self._lock:
+            rows, self._unsent = self._unsent, []
+        if not rows:
+            return None
+        part = Recorder(exact_limit=self.exact_limit, keep_samples=0)
+        part._pending.extend(rows)
+        return part.report(**meta)
 
     @property
     def latency(self) -> Distribution:

@@ -29,6 +29,7 @@ LABELS = {
     "send": "send",
     "other": "outside any stage",
     "network+client": "network + client",
+    "proxy+network": "proxy + network + client",
 }
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 

@@ -4,6 +4,7 @@
     GET  /health    200 as soon as the process answers
     GET  /ready     200 once the model is loaded and warmed up, 503 before
     GET  /metrics   Prometheus histograms per stage, batch sizes, queue depth, requests by status
+    GET  /report    the servescope Report of everything served so far (JSON, with distributions)
 
 Every /predict response carries ``Server-Timing`` with its stages.
 """
@@ -15,12 +16,13 @@ import importlib.util
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
 from ..exceptions import ConfigError
 from ..recorder import Recorder
+from ..report import Report
 from ..servertiming import format_ns
 from .batching import Batcher, Item
 from .model import Model
@@ -54,6 +56,8 @@ class ServeApp:
         threads: int | None = None,
         warmup_batch_sizes: list[int] | None = None,
         recorder: Recorder | None = None,
+        report_source: Callable[[], Report] | None = None,
+        timing_suffix: str = "",
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -79,6 +83,10 @@ class ServeApp:
         self.warmup_batch_sizes = sizes
         self.recorder = recorder if recorder is not None else Recorder()
         self.metrics = _Metrics.create(self.recorder)
+        # where GET /report comes from (replicas on Ray merge every replica's figures there), and
+        # what each Server-Timing value ends with (a replica names itself and the proxy before it)
+        self.report_source = report_source or (lambda: self.recorder.report(tool="servescope serve"))
+        self.timing_suffix = timing_suffix
         self.state = "starting"
         self.failure: str | None = None
         self.info: dict[str, Any] = {}
@@ -91,9 +99,12 @@ class ServeApp:
         """Start loading in the background: /health answers at once, /ready when warm."""
         self._loop = asyncio.get_running_loop()
         self.runtime.on_batch_done = self._deliver  # type: ignore[attr-defined]
-        threading.Thread(target=self._load, name="servescope-load", daemon=True).start()
+        if self.state == "starting":  # not loaded beforehand with load_now()
+            threading.Thread(target=self.load_now, name="servescope-load", daemon=True).start()
 
-    def _load(self) -> None:
+    def load_now(self) -> str:
+        """Load and warm up in this thread; returns the state ("ready" or "failed"). For hosts
+        that decide readiness themselves (a Ray replica is routed to once its constructor ends)."""
         try:
             self.state = "loading"
             info = self.runtime.load()
@@ -121,6 +132,7 @@ class ServeApp:
             log.error("servescope: start-up failed: %s", self.failure)
         finally:
             self._ready.set()
+        return self.state
 
     async def wait_ready(self, timeout: float = 60.0) -> str:
         """Wait until start-up has finished (ready or failed); returns the state."""
@@ -151,8 +163,11 @@ class ServeApp:
                 await _respond(send, 200 if ok else 503, orjson.dumps(body))
             elif path == "/metrics":
                 await self._serve_metrics(send)
+            elif path == "/report":
+                report = await asyncio.get_running_loop().run_in_executor(None, self.report_source)
+                await _respond(send, 200, report.to_json(indent=False, samples=False).encode())
             else:
-                await _respond(send, 404, _error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics"))
+                await _respond(send, 404, _error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics, /report"))
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -264,7 +279,8 @@ class ServeApp:
         content_type: bytes = b"application/json",
     ) -> None:
         total = time.perf_counter_ns() - t0
-        headers = [(b"content-type", content_type), (b"server-timing", format_ns(durations, total).encode())]
+        timing = format_ns(durations, total) + self.timing_suffix
+        headers = [(b"content-type", content_type), (b"server-timing", timing.encode())]
         if retry:
             headers.append((b"retry-after", b"1"))
         await _respond(send, status, body, headers)

@@ -1,0 +1,118 @@
+"""Ray support without a cluster: splitting load, merging generators and replicas, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import numpy as np
+import pytest
+
+from servescope import Recorder
+from servescope.bench import BenchOptions
+from servescope.cli import main
+from servescope.cluster import _merge, connect, split_level
+from servescope.exceptions import ConfigError, MissingDependencyError, RecordError
+from servescope.loadgen import schedule
+from servescope.serve.ray_serve import StatsCollector
+
+MS = 1_000_000
+
+
+def test_closed_loop_connections_are_dealt_out():
+    assert split_level("concurrency", 5, 2) == [(3, 0), (2, 0)]
+    assert split_level("concurrency", 1, 3) == [(1, 0)]  # never a generator with nothing to do
+    assert sum(c for c, _ in split_level("concurrency", 64, 7)) == 64
+
+
+def test_open_loop_schedules_interleave_into_the_single_generator_one():
+    rate, k, n = 300.0, 4, 400
+    shares = split_level("rate", rate, k)
+    assert all(r == rate / k for r, _ in shares)
+    merged = sorted(t for r, off in shares for t in itertools.islice(schedule(r, off), n // k))
+    single = list(itertools.islice(schedule(rate, 0), n))
+    assert np.abs(np.asarray(merged) - np.asarray(single)).max() <= 1  # ns rounding
+
+
+def _outcome(latencies_ms, node="n1"):
+    return {
+        "results": [(0, 0, round(ms * MS), 200, b"infer;dur=1, total;dur=1", None) for ms in latencies_ms],
+        "until": 10_000 * MS,
+        "lags": [],
+        "cpu_s": 0.01,
+        "node": node,
+        "start_late_ms": 0.1,
+    }
+
+
+def test_generators_merge_to_exact_percentiles_and_a_lost_one_is_named():
+    rng = np.random.default_rng(1)
+    a, b = rng.uniform(1, 5, 300), rng.uniform(4, 40, 100)
+    options = BenchOptions(url="http://127.0.0.1:1/", concurrency=[4])
+    rep = _merge(options, "concurrency", 4, [_outcome(a), "generator 1: ActorDiedError: node died", _outcome(b, "n2")], None)
+    union = np.concatenate([a, b])
+    assert rep.latency["count"] == 400
+    assert rep.latency["p99_ms"] == pytest.approx(np.percentile(union, 99), abs=1e-3)  # never an average of p99s
+    assert [g["node"] for g in rep.extra["generators"]] == ["n1", "n2"]
+    assert rep.extra["generators_lost"] == ["generator 1: ActorDiedError: node died"]
+    with pytest.raises(ConfigError, match="every load generator was lost"):
+        _merge(options, "concurrency", 4, ["generator 0: gone"], None)
+
+
+def test_replicas_figures_merge_exactly_in_the_collector():
+    rng = np.random.default_rng(2)
+    collector = StatsCollector("app")
+    values = {}
+    for rid, scale in (("r1", 1.0), ("r2", 10.0)):
+        rec = Recorder(deltas=True)
+        values[rid] = rng.exponential(scale, 500)
+        for i, ms in enumerate(values[rid]):
+            rec.record_durations({"infer": ms}, ms + 0.5)
+            if i == 250:  # two shipments per replica: deltas, not the whole history each time
+                collector.push(rid, "node", rec.take_delta().to_dict())
+        collector.push(rid, "node", rec.take_delta().to_dict())
+        assert rec.take_delta() is None  # nothing new since
+    collector.push("r3", "node", None)  # a replica that served nothing yet is listed, not counted
+    rep = collector.report()
+    union = np.concatenate(list(values.values()))
+    assert rep["latency"]["count"] == 1000
+    assert rep["stages"]["infer"]["p95_ms"] == pytest.approx(np.percentile(union, 95), abs=1e-3)
+    assert [(r["replica"], r["requests"]) for r in rep["meta"]["replicas"]] == [("r1", 500), ("r2", 500), ("r3", 0)]
+
+
+def test_take_delta_needs_a_recorder_that_keeps_deltas():
+    with pytest.raises(RecordError, match="deltas=True"):
+        Recorder().take_delta()
+
+
+@pytest.mark.parametrize("address", ["nohost", "ray://host:", "host:port"])
+def test_a_malformed_ray_address_is_refused(address):
+    pytest.importorskip("ray")
+    with pytest.raises(ConfigError, match="malformed Ray address"):
+        connect(address)
+
+
+def test_an_unreachable_ray_address_fails_fast_with_one_line(capsys):
+    pytest.importorskip("ray")
+    code = main(["bench", "http://127.0.0.1:9/", "--ray", "127.0.0.1:1", "-d", "1s"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "cannot reach the Ray cluster at 127.0.0.1:1" in err
+
+
+def test_without_ray_installed_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(MissingDependencyError, match=r"servescope\[ray\]"):
+        connect("auto")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "http://127.0.0.1:9/", "--generators", "2"], "--generators goes with --ray"),
+        (["serve", "examples/mlp_serve.py:MLP", "--replicas", "2"], "--replicas and --ray-address go with --ray"),
+    ],
+)
+def test_ray_options_without_ray_are_refused(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
