@@ -92,10 +92,12 @@ def test_load_per_request_is_sized_by_what_it_costs():
 
 
 def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
-    ev = with_("concurrent.forwards", forwards())
+    ev = with_("concurrent.forwards", forwards(count=48))  # each of the 48 requests ran its own
     [f] = diagnose_report(report(ev))
     assert f.id == "no-batching" and f.severity == "high"  # saves 0.8 of 2 ms
     assert f.saving_ms == pytest.approx(0.8)
+    # a runtime batching on its worker, running only the odd lone request in its own context
+    assert diagnose_report(report(with_("concurrent.forwards", forwards(count=3)))) == []
     tiny = copy.deepcopy(ev)
     tiny["batch_probe"]["per_item_ms"] = {"1": 0.05, "8": 0.01}
     assert diagnose_report(report(tiny, p50=0.4)) == []  # batching would not move it
@@ -116,9 +118,13 @@ def test_model_on_cpu_with_a_gpu_available():
 
 
 def test_event_loop_blocked_needs_the_model_on_the_loop_or_a_long_stall():
-    on_loop = with_("concurrent.forwards", forwards(on_event_loop=20, batch_sizes=[1, 8], max_batch=8))
+    on_loop = with_("concurrent.forwards", forwards(on_event_loop=48, batch_sizes=[1, 8], max_batch=8))
     on_loop["concurrent"]["loop_lag_max_ms"] = 12.0
     assert ids(report(on_loop)) == {("event-loop-blocked", "medium")}
+    # servescope.serve runs a lone request on the loop when nothing else waits: not a block
+    lone = with_("concurrent.forwards", forwards(on_event_loop=3, batch_sizes=[1, 8], max_batch=8))
+    lone["concurrent"]["loop_lag_max_ms"] = 12.0
+    assert diagnose_report(report(lone)) == []
     gil_noise = with_("concurrent.loop_lag_max_ms", 30.0)  # lag without the model on the loop
     assert diagnose_report(report(gil_noise)) == []
     stall = with_("concurrent.loop_lag_max_ms", 250.0)

@@ -24,7 +24,9 @@ class Doubler(servescope.Model):
         self.loads = 0
         self.batch_sizes: list[int] = []
         self.modes: list[tuple[bool, bool]] = []
-        self.gate = gate  # when set, the first forward after warm-up waits for it
+        self.gate = gate  # when set, forwards once serving wait for it
+        self.serving = False  # set once ready (warm-up and its timing runs are over)
+        self.served: list[int] = []  # batch sizes once serving
 
     def load(self, device):
         self.loads += 1
@@ -45,8 +47,10 @@ class Doubler(servescope.Model):
         return torch.tensor(item, dtype=torch.float32)
 
     def infer(self, batch):
-        if self.gate is not None and len(self.batch_sizes) >= 4:  # past the warm-up (1, 2, 4, 8)
-            self.gate.wait(10)
+        if self.serving:
+            if self.gate is not None:
+                self.gate.wait(10)
+            self.served.append(batch.shape[0])
         self.batch_sizes.append(batch.shape[0])
         self.modes.append((torch.is_inference_mode_enabled(), self.model.training))
         if (batch[:, 0] == -2).any():
@@ -68,6 +72,7 @@ class Running:
     async def __aenter__(self):
         await self.app.startup()
         assert await self.app.wait_ready() == "ready", self.app.failure
+        self.app.model.serving = True
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://t")
         return self.client
 
@@ -110,8 +115,9 @@ def test_warm_up_runs_each_batch_size_before_ready():
         await app.wait_ready()
 
     run(go())
-    assert model.batch_sizes == [1, 2, 4, 6]
+    assert model.batch_sizes[:4] == [1, 2, 4, 6]
     assert app.info["warmup_batch_sizes"] == [1, 2, 4, 6]
+    assert set(model.batch_sizes[4:]) == {1}  # then a lone item is timed (inline or not)
     run(app.shutdown())
 
 
@@ -147,12 +153,12 @@ def test_health_answers_at_once_and_ready_only_after_loading():
 def test_concurrent_requests_are_batched():
     gate = threading.Event()
     model = Doubler(gate)
-    app = servescope.serve(model, max_batch_size=8)
+    app = servescope.serve(model, max_batch_size=8, inline_below_ms=0)  # the worker path throughout
 
     async def go():
         async with Running(app) as client:
             first = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
-            while not model.batch_sizes[4:] and app.batcher.depth() == 0 and not first.done():
+            while not model.served and app.batcher.depth() == 0 and not first.done():
                 await asyncio.sleep(0.005)
                 if len(model.modes) >= 4 and app.batcher.batches >= 1:
                     break
@@ -165,7 +171,7 @@ def test_concurrent_requests_are_batched():
     first, rest = run(go())
     assert first.status_code == 200 and all(r.status_code == 200 for r in rest)
     assert [r.json()["y"][0] for r in rest] == [2.0 * i for i in range(6)]  # each got its own answer
-    assert model.batch_sizes[4:] == [1, 6]  # the lone first did not wait; the six went as one
+    assert model.served == [1, 6]  # the lone first did not wait; the six went as one
 
 
 @pytest.mark.parametrize(
@@ -222,7 +228,7 @@ def test_one_items_failure_is_that_items_only():
 def test_a_full_queue_answers_503_at_once_and_a_deadline_504():
     gate = threading.Event()
     model = Doubler(gate)
-    app = servescope.serve(model, max_queue=2, timeout_s=0.3)
+    app = servescope.serve(model, max_queue=2, timeout_s=0.3, inline_below_ms=0)
 
     async def go():
         async with Running(app) as client:
@@ -248,11 +254,12 @@ def test_a_full_queue_answers_503_at_once_and_a_deadline_504():
 def test_a_client_that_leaves_frees_its_slot():
     gate = threading.Event()
     model = Doubler(gate)
-    app = servescope.serve(model)
+    app = servescope.serve(model, inline_below_ms=0)
 
     async def go():
         await app.startup()
         await app.wait_ready()
+        model.serving = True
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
             stuck = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
             while app.batcher.batches < 1:
@@ -285,7 +292,7 @@ def test_a_client_that_leaves_frees_its_slot():
 
     sent = run(go())
     assert sent == []  # nobody to answer
-    assert model.batch_sizes[4:] == [1]  # the stuck one only: the departed item was skipped
+    assert model.served == [1]  # the stuck one only: the departed item was skipped
 
 
 def test_msgpack_when_the_client_asks_for_it():
@@ -342,6 +349,7 @@ def test_a_failing_load_is_reported_not_hidden():
         (Doubler(), {"max_batch_size": 0}, "max_batch_size"),
         (Doubler(), {"max_wait_ms": -1}, "max_wait_ms"),
         (Doubler(), {"timeout_s": 0}, "timeout_s"),
+        (Doubler(), {"inline_below_ms": -1}, "inline_below_ms"),
     ],
 )
 def test_bad_configuration_is_refused_at_construction(model, kwargs, match):
@@ -397,3 +405,51 @@ def test_report_route_gives_the_served_figures_and_load_now_makes_startup_skip_l
     body = rep.json()
     assert body["schema"] == "servescope.report/1" and body["latency"]["count"] == 1
     assert "infer" in body["stages"] and "total" in body["distributions"]  # mergeable elsewhere
+
+
+class ThreadSpy(Doubler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def infer(self, batch):
+        if self.serving:
+            self.threads.append(threading.current_thread().name)
+        return super().infer(batch)
+
+
+def test_a_lone_request_on_a_fast_model_runs_inline_and_concurrent_ones_batch_on_the_worker():
+    model = ThreadSpy()
+    app = servescope.serve(model, max_batch_size=8)
+
+    async def go():
+        async with Running(app) as client:
+            lone = [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(3)]
+            inline_threads = list(model.threads)
+            together = await asyncio.gather(*(client.post("/predict", json={"x": [i, 0, 0, 0]}) for i in range(6)))
+            return lone, inline_threads, together
+
+    lone, inline_threads, together = run(go())
+    assert app.info["inline"] is True
+    assert all(r.status_code == 200 for r in lone + together)
+    assert lone[0].json() == {"y": [2.0, 4.0, 6.0, 8.0]}
+    assert inline_threads == [threading.current_thread().name] * 3  # the event loop's thread: no hand-off
+    stages, _ = server_timing_durations(lone[0].headers["server-timing"])
+    assert {"queue", "preprocess", "infer", "postprocess", "serialize"} <= set(stages)
+    # requests that arrive together are not run one by one on the loop: they batch on the worker
+    assert [r.json()["y"][0] for r in together] == [2.0 * i for i in range(6)]
+    assert set(model.threads[3:]) == {"servescope-worker"}
+    assert max(model.served[3:]) > 1
+
+
+def test_a_model_slower_than_inline_below_ms_always_goes_to_the_worker():
+    model = ThreadSpy()
+    app = servescope.serve(model, inline_below_ms=0.000001)
+
+    async def go():
+        async with Running(app) as client:
+            return [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(2)]
+
+    assert all(r.status_code == 200 for r in run(go()))
+    assert app.info["inline"] is False
+    assert model.threads == ["servescope-worker"] * 2

@@ -59,6 +59,11 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self.batches = 0
         self.busy = False  # a batch is being processed right now
+        self.model_lock = threading.Lock()  # one forward at a time: the worker's, or an inline one
+
+    def idle(self) -> bool:
+        """No batch running and nothing queued."""
+        return not self.busy and not self._q.qsize()
 
     def depth(self) -> int:
         return self._q.qsize()
@@ -109,12 +114,29 @@ class Batcher:
             batch = self.next_batch()
             if batch is None:
                 return
+            with self.model_lock:
+                self.batches += 1
+                self.busy = True
+                try:
+                    self.process(batch)
+                finally:
+                    self.busy = False
+
+    def run_inline(self, item: Item) -> bool:
+        """Process a lone item on the calling thread, when the worker is idle and nothing is
+        queued; False (nothing done) otherwise. Saves the two thread hand-offs of a lone
+        request; the caller decides when a short block of its own thread is harmless."""
+        if not self.idle() or not self.model_lock.acquire(blocking=False):
+            return False
+        try:
             self.batches += 1
             self.busy = True
-            try:
-                self.process(batch)
-            finally:
-                self.busy = False
+            item.enqueued_ns = self.clock()
+            self.process([item])
+        finally:
+            self.busy = False
+            self.model_lock.release()
+        return True
 
     def start(self, name: str = "servescope-worker") -> None:
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
