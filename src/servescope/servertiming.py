@@ -36,6 +36,7 @@ class Metric(NamedTuple):
 
 
 _TOKENS: dict[str, str] = {}
+_PREFIXES: dict[tuple[str, ...], list[tuple[str, str]]] = {}
 
 
 def _token(name: str) -> str:
@@ -72,7 +73,13 @@ def format_server_timing(
 def format_ns(durations_ns: Mapping[str, int], total_ns: int | None = None) -> str:
     """The hot-path form for durations a trace measured (valid by construction): ns in,
     microsecond precision out."""
-    parts = [f"{_token(name)};dur={durations_ns[name] / 1e6:.3f}" for name in order_stages(durations_ns)]
+    key = tuple(durations_ns)
+    prefixes = _PREFIXES.get(key)
+    if prefixes is None:  # an endpoint's requests see the same few stage sets
+        prefixes = [(name, f"{_token(name)};dur=") for name in order_stages(key)]
+        if len(_PREFIXES) < 1024:
+            _PREFIXES[key] = prefixes
+    parts = [f"{prefix}{durations_ns[name] / 1e6:.3f}" for name, prefix in prefixes]
     if total_ns is not None:
         parts.append(f"{TOTAL};dur={total_ns / 1e6:.3f}")
     return ", ".join(parts)

@@ -319,9 +319,8 @@ class ServeApp:
     def _deliver(self, items: list[Item]) -> None:
         """From the worker thread: hand a finished batch back to the event loop, in one wake-up."""
         futures = [(it.future, it) for it in items if it.future is not None]
-        if self.metrics is not None:
+        if self.metrics is not None:  # (queue depth is read at scrape time)
             self.metrics.batch_size.observe(len(items))
-            self.metrics.queue_depth.set(self.batcher.depth())
         if futures and self._loop is not None:
             self._loop.call_soon_threadsafe(_resolve, futures)
 

@@ -194,7 +194,9 @@ class Runtime:
         return split(out, len(items))
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device == "cpu" or not _is_tensor(batch):
+        if self.device == "cpu":  # preprocess made it on the CPU: nothing to move
+            return batch
+        if not _is_tensor(batch):
             return to_device(batch, self.device)
         # CUDA: stage through a pinned buffer reused per shape, then a non-blocking copy
         key = (tuple(batch.shape), batch.dtype)
@@ -220,7 +222,7 @@ def collate(inputs: list[Any]) -> Any:
         return type(first)(collate(list(xs)) for xs in zip(*inputs))
     if torch is not None:
         if isinstance(first, torch.Tensor):
-            return torch.stack(inputs)
+            return first.unsqueeze(0) if len(inputs) == 1 else torch.stack(inputs)
         np = sys.modules.get("numpy")
         if np is not None and isinstance(first, np.ndarray):
             return torch.from_numpy(np.stack(inputs))
@@ -258,6 +260,10 @@ def split(out: Any, n: int) -> list[Any]:
     if isinstance(out, tuple):
         parts_t = [split(v, n) for v in out]
         return [tuple(p[i] for p in parts_t) for i in range(n)]
+    if _is_tensor(out) and out.dim():
+        if out.shape[0] != n:
+            raise ValueError(f"the model returned {out.shape[0]} outputs for a batch of {n}")
+        return list(out.unbind(0))  # one C call for the whole split
     if hasattr(out, "__getitem__") and hasattr(out, "__len__"):
         if len(out) != n:
             raise ValueError(f"the model returned {len(out)} outputs for a batch of {n}")
