@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py src/servescope/_speedups.c Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
@@ -27,4 +27,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) servescope-demo
+	rm -rf $(VENV) servescope-demo build src/servescope/*.so

@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +219,22 @@ def test_auto_mode_uses_host_clock_when_cuda_is_not_initialized():
     with trace() as t:
         pass
     assert t.clock.name == "wall"
+
+
+def test_stages_enter_and_exit_in_c_where_the_extension_builds():
+    import servescope.timing as timing
+
+    if sys.platform.startswith("linux") and not os.environ.get("SERVESCOPE_NO_SPEEDUPS"):  # `make test` builds it
+        assert timing.SPEEDUPS and timing.Stage.__mro__[1].__module__ == "servescope._speedups"
+
+
+def test_the_pure_python_stages_pass_the_same_tests(tmp_path):
+    """The fallback (no compiler, or SERVESCOPE_NO_SPEEDUPS=1) is held to the same behaviour."""
+    env = {**os.environ, "SERVESCOPE_NO_SPEEDUPS": "1"}
+    files = [str(Path(__file__).parent / name) for name in ("test_timing.py", "test_cuda_timing.py", "test_middleware.py")]
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not pure_python", *files],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert " passed" in p.stdout

@@ -43,7 +43,7 @@ class Recorder:
         self._stages: dict[str, Distribution] = {}
         self.errors: dict[str, int] = {}
         self.first_ms: float | None = None
-        self.samples: list[dict[str, Any]] = []
+        self._sample_rows: list[tuple[dict[str, int], int, str | None, float | None]] = []
         # a deque: appends from any thread are atomic, and _fold drains by count, so a request
         # recorded while a fold runs is never lost
         self._pending: collections.deque[tuple[dict[str, int], int, str | None, float | None]] = collections.deque()
@@ -95,18 +95,12 @@ class Recorder:
                 self._unsent.extend(rows)
             if self.first_ms is None:
                 self.first_ms = rows[0][1] / 1e6
-            room = self.keep_samples - len(self.samples)
-            for durations, total, error, start in rows[: max(room, 0)]:
-                row: dict[str, Any] = {
-                    "t": start,
-                    "total_ms": total / 1e6,
-                    "stages": {k: v / 1e6 for k, v in durations.items()},
-                }
-                if error is not None:
-                    row["error"] = error
-                self.samples.append(row)
+            room = self.keep_samples - len(self._sample_rows)
+            if room > 0:  # raw rows: made into dicts only when a report asks
+                self._sample_rows.extend(rows[:room])
+            # rows of one endpoint share a few stage sets: per set, one array, one column per stage
             ok_totals: list[int] = []
-            by_stage: dict[str, list[int]] = {}
+            by_keys: dict[tuple[str, ...], list[list[int]]] = {}
             for durations, total, error, _ in rows:
                 if error is not None:
                     kind = error.split(":", 1)[0]
@@ -114,17 +108,37 @@ class Recorder:
                     self._error_latency.add(total / 1e6)
                     continue
                 ok_totals.append(total)
-                for name, ms in durations.items():
-                    values = by_stage.get(name)
-                    if values is None:
-                        values = by_stage[name] = []
-                    values.append(ms)
+                keys = tuple(durations)
+                group = by_keys.get(keys)
+                if group is None:
+                    group = by_keys[keys] = []
+                group.append(list(durations.values()))
             self._latency.extend(np.asarray(ok_totals, dtype=float) / 1e6)
-            for name, values in by_stage.items():
-                dist = self._stages.get(name)
-                if dist is None:
-                    dist = self._stages[name] = Distribution(exact_limit=self.exact_limit)
-                dist.extend(np.asarray(values, dtype=float) / 1e6)
+            for keys, values in by_keys.items():
+                if not keys:
+                    continue
+                columns = np.asarray(values, dtype=float) / 1e6
+                for j, name in enumerate(keys):
+                    dist = self._stages.get(name)
+                    if dist is None:
+                        dist = self._stages[name] = Distribution(exact_limit=self.exact_limit)
+                    dist.extend(columns[:, j])
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        """The first ``keep_samples`` requests, one row each (start time, total, stages, error)."""
+        self._fold()
+        with self._lock:
+            return self._samples_locked()
+
+    def _samples_locked(self) -> list[dict[str, Any]]:
+        out = []
+        for durations, total, error, start in self._sample_rows:
+            row: dict[str, Any] = {"t": start, "total_ms": total / 1e6, "stages": {k: v / 1e6 for k, v in durations.items()}}
+            if error is not None:
+                row["error"] = error
+            out.append(row)
+        return out
 
     def report(self, **meta: Any) -> Report:
         """A ``Report`` of everything recorded so far; keyword arguments go to ``meta``."""
@@ -136,7 +150,7 @@ class Recorder:
                 first_ms=self.first_ms,
                 errors=dict(self.errors),
                 error_latency=self._error_latency if len(self._error_latency) else None,
-                samples=list(self.samples),
+                samples=self._samples_locked(),
                 meta=meta,
             )
 

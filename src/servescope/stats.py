@@ -61,13 +61,31 @@ class Distribution:
             raise RecordError(f"exact_limit must be an int >= 0, got {exact_limit!r}")
         self.exact_limit = exact_limit
         self._pending: collections.deque[float] = collections.deque()  # atomic appends, drained by count
-        self._exact: np.ndarray = np.empty(0)
+        self._parts: list[np.ndarray] = []  # the exact samples, in chunks joined on reading
+        self._n_exact = 0
         self._counts: np.ndarray | None = None  # the sketch, once exact_limit is passed
         self._count = 0
         self._sum = 0.0
         self._min = math.inf
         self._max = -math.inf
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+
+    @property
+    def _exact(self) -> np.ndarray:
+        """The exact samples as one array (joined once here, not at every fold: appending a
+        chunk stays O(chunk) however many samples are kept)."""
+        with self._lock:
+            parts = self._parts
+            if len(parts) == 1:
+                return parts[0]
+            joined = np.concatenate(parts) if parts else np.empty(0)
+            self._parts = [joined] if joined.size else []
+            return joined
+
+    @_exact.setter
+    def _exact(self, arr: np.ndarray) -> None:
+        self._parts = [arr] if arr.size else []
+        self._n_exact = int(arr.size)
 
     # -- recording ---------------------------------------------------------------------------
     def add(self, value_ms: float) -> None:
@@ -100,8 +118,9 @@ class Distribution:
         self._min = min(self._min, float(arr.min()))
         self._max = max(self._max, float(arr.max()))
         if self._counts is None:
-            self._exact = np.concatenate([self._exact, arr])
-            if self._exact.size > self.exact_limit:
+            self._parts.append(arr)
+            self._n_exact += arr.size
+            if self._n_exact > self.exact_limit:
                 self._counts = np.zeros(_NBUCKETS, dtype=np.int64)
                 self._bucket(self._exact)
                 self._exact = np.empty(0)

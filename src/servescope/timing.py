@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 import sys
 import time
 from contextvars import ContextVar
@@ -119,23 +120,20 @@ def _bad_name(name: object) -> StageError:
     )
 
 
-class Stage:
-    """A named stage: a context manager and a decorator. Get one with ``servescope.stage(name)``."""
+class _PyStageBase:
+    """A stage's enter and exit in Python: the reference for ``_speedups.StageBase`` (C), and
+    what runs where the C extension is not built (or ``SERVESCOPE_NO_SPEEDUPS=1``)."""
 
     __slots__ = ("name",)
 
-    def __init__(self, name: str) -> None:
-        if type(name) is not str or not name:
-            raise _bad_name(name)
-        self.name = name
-
-    def __enter__(self) -> Stage:
+    def __enter__(self) -> Any:
         parent = _current.get()
         if parent is not None:
             tr = parent[_TRACE]
-            span = [self.name, tr._mark(), None, parent, tr, None, 0]
-            tr._spans.append(span)
-            span[_TOKEN] = _current.set(span)
+            if tr is not None:
+                span = [self.name, tr._mark(), None, parent, tr, None, 0]
+                tr._spans.append(span)
+                span[_TOKEN] = _current.set(span)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -143,6 +141,33 @@ class Stage:
         if span is not None and span[_NAME] is self.name:
             span[_END] = span[_TRACE]._mark()
             _current.reset(span[_TOKEN])
+
+
+try:
+    if os.environ.get("SERVESCOPE_NO_SPEEDUPS"):
+        raise ImportError("turned off by SERVESCOPE_NO_SPEEDUPS")
+    from ._speedups import StageBase as _StageBase
+    from ._speedups import self_times as _c_self_times
+    from ._speedups import setup as _setup_speedups
+
+    _setup_speedups(_current, time.perf_counter_ns)
+    #: True when stages enter and exit in C (the ``_speedups`` extension was built)
+    SPEEDUPS = True
+except ImportError:
+    _StageBase = _PyStageBase  # type: ignore[assignment,misc]
+    _c_self_times = None
+    SPEEDUPS = False
+
+
+class Stage(_StageBase):  # type: ignore[valid-type,misc]
+    """A named stage: a context manager and a decorator. Get one with ``servescope.stage(name)``."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str) -> None:
+        if type(name) is not str or not name:
+            raise _bad_name(name)
+        self.name = name
 
     async def __aenter__(self) -> Stage:
         return self.__enter__()
@@ -354,11 +379,6 @@ class Trace:
         ``release`` drops each closed span's reference to the trace (at stop), so a finished
         trace holds no reference cycle and is freed without the garbage collector.
         """
-        if self.clock.name == "wall":  # marks are ns already: the hot path, no copies
-            closed = [sp for sp in self._spans if sp[_END] is not None]
-            starts = ends = None
-        else:
-            closed, starts, ends = self._closed_ns()
         root = self._root
         assert root is not None  # guarded by the callers
         if not release or self._summed:  # a header summed them before: start again from zero
@@ -366,6 +386,16 @@ class Trace:
             for sp in self._spans:
                 sp[_CHILD] = 0
         self._summed = not release
+        if self.clock.name == "wall":  # marks are ns already: the hot path, no copies
+            if _c_self_times is not None:
+                out, covered, n_closed = _c_self_times(self._spans, root, release)
+                for name, d in self._added:
+                    out[name] = out.get(name, 0) + d
+                return out, covered, n_closed
+            closed = [sp for sp in self._spans if sp[_END] is not None]
+            starts = ends = None
+        else:
+            closed, starts, ends = self._closed_ns()
         out: dict[str, int] = {}
         # children open after their parent: walking backwards, a span's children are done
         for i in range(len(closed) - 1, -1, -1):
@@ -392,8 +422,11 @@ class Trace:
             total = root[_END] - root[_START]
         else:
             total = self.clock.resolve(root[_START], [root[_END]])[0]
-        self.total_ns = total = max(total, 0)
-        covered += sum(d for _, d in self._added)
+        if total < 0:
+            total = 0
+        self.total_ns = total
+        if self._added:
+            covered += sum(d for _, d in self._added)
         if total > covered:
             out[OTHER] = total - covered
         self.durations_ns = out

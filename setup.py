@@ -1,0 +1,13 @@
+"""The optional C extension: a stage's enter and exit (src/servescope/_speedups.c).
+
+Everything else is in pyproject.toml. ``optional=True``: where it cannot be compiled (no C
+compiler), the install goes on and servescope runs its pure-Python stages instead.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("servescope._speedups", ["src/servescope/_speedups.c"], optional=True),
+    ]
+)

@@ -1,0 +1,299 @@
+/* servescope._speedups: a stage's enter and exit in C.
+ *
+ * The same logic as timing.Stage.__enter__/__exit__ (the pure-Python fallback, which stays the
+ * reference), on the same span lists and the same ContextVar: a span is the list
+ * [name, start, end, parent, trace, token, child_ns]. What C saves is the interpreter's
+ * frames and attribute lookups on the hot path; the clock is the trace's own `_mark`, except
+ * that on Linux the wall clock (time.perf_counter_ns, which is CLOCK_MONOTONIC there) is read
+ * directly.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+enum { NAME, START, END, PARENT, TRACE, TOKEN, CHILD, NFIELDS };
+
+static PyObject *current_var = NULL; /* timing._current */
+static PyObject *wall_mark = NULL;   /* time.perf_counter_ns */
+static PyObject *str_mark = NULL;    /* "_mark" */
+static PyObject *str_spans = NULL;   /* "_spans" */
+static PyObject *zero = NULL;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;
+} StageBase;
+
+static PyObject *
+mark(PyObject *trace)
+{
+    PyObject *fn = PyObject_GetAttr(trace, str_mark);
+    if (fn == NULL)
+        return NULL;
+#ifdef __linux__
+    if (fn == wall_mark) {
+        struct timespec ts;
+        Py_DECREF(fn);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    }
+#endif
+    PyObject *t = PyObject_CallNoArgs(fn);
+    Py_DECREF(fn);
+    return t;
+}
+
+static PyObject *
+stage_enter(StageBase *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *parent = NULL;
+    if (current_var == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "servescope._speedups.setup() was not called");
+        return NULL;
+    }
+    if (PyContextVar_Get(current_var, NULL, &parent) < 0)
+        return NULL;
+    if (parent == NULL || parent == Py_None || !PyList_CheckExact(parent) || PyList_GET_SIZE(parent) != NFIELDS) {
+        Py_XDECREF(parent);
+        return Py_NewRef(self); /* outside any trace: nothing to do */
+    }
+    PyObject *trace = PyList_GET_ITEM(parent, TRACE);
+    if (trace == Py_None) {
+        Py_DECREF(parent);
+        return Py_NewRef(self);
+    }
+    Py_INCREF(trace);
+    PyObject *span = NULL, *spans = NULL, *token = NULL;
+    PyObject *start = mark(trace);
+    if (start == NULL)
+        goto fail;
+    span = PyList_New(NFIELDS);
+    if (span == NULL) {
+        Py_DECREF(start);
+        goto fail;
+    }
+    PyList_SET_ITEM(span, NAME, Py_NewRef(self->name));
+    PyList_SET_ITEM(span, START, start);
+    PyList_SET_ITEM(span, END, Py_NewRef(Py_None));
+    PyList_SET_ITEM(span, PARENT, Py_NewRef(parent));
+    PyList_SET_ITEM(span, TRACE, Py_NewRef(trace));
+    PyList_SET_ITEM(span, TOKEN, Py_NewRef(Py_None));
+    PyList_SET_ITEM(span, CHILD, Py_NewRef(zero));
+    spans = PyObject_GetAttr(trace, str_spans);
+    if (spans == NULL || PyList_Append(spans, span) < 0)
+        goto fail;
+    token = PyContextVar_Set(current_var, span);
+    if (token == NULL)
+        goto fail;
+    PyList_SetItem(span, TOKEN, token); /* steals token, releases the None */
+    Py_DECREF(spans);
+    Py_DECREF(span);
+    Py_DECREF(trace);
+    Py_DECREF(parent);
+    return Py_NewRef(self);
+fail:
+    Py_XDECREF(spans);
+    Py_XDECREF(span);
+    Py_DECREF(trace);
+    Py_DECREF(parent);
+    return NULL;
+}
+
+static PyObject *
+stage_exit(StageBase *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    PyObject *span = NULL;
+    if (current_var == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "servescope._speedups.setup() was not called");
+        return NULL;
+    }
+    if (PyContextVar_Get(current_var, NULL, &span) < 0)
+        return NULL;
+    if (span != NULL && PyList_CheckExact(span) && PyList_GET_SIZE(span) == NFIELDS &&
+        PyList_GET_ITEM(span, NAME) == self->name) {
+        PyObject *trace = PyList_GET_ITEM(span, TRACE);
+        Py_INCREF(trace);
+        PyObject *end = mark(trace);
+        Py_DECREF(trace);
+        if (end == NULL) {
+            Py_DECREF(span);
+            return NULL;
+        }
+        PyList_SetItem(span, END, end); /* steals end */
+        if (PyContextVar_Reset(current_var, PyList_GET_ITEM(span, TOKEN)) < 0) {
+            Py_DECREF(span);
+            return NULL;
+        }
+    }
+    Py_XDECREF(span);
+    Py_RETURN_NONE;
+}
+
+static int
+stage_traverse(StageBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->name);
+    return 0;
+}
+
+static int
+stage_clear(StageBase *self)
+{
+    Py_CLEAR(self->name);
+    return 0;
+}
+
+static void
+stage_dealloc(StageBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    stage_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef stage_methods[] = {
+    {"__enter__", (PyCFunction)stage_enter, METH_NOARGS, "Open this stage in the current trace."},
+    {"__exit__", (PyCFunction)(void (*)(void))stage_exit, METH_FASTCALL, "Close this stage."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef stage_members[] = {
+    {"name", T_OBJECT_EX, offsetof(StageBase, name), 0, "the stage's name"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StageBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "servescope._speedups.StageBase",
+    .tp_basicsize = sizeof(StageBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A stage's enter and exit in C (servescope.timing.Stage builds on it).",
+    .tp_traverse = (traverseproc)stage_traverse,
+    .tp_clear = (inquiry)stage_clear,
+    .tp_dealloc = (destructor)stage_dealloc,
+    .tp_methods = stage_methods,
+    .tp_members = stage_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* self_times(spans, release) -> (stage -> self ns, ns the top-level stages cover, closed count)
+ * for wall-clock marks (ints): timing.Trace._self_times' loop, walking the spans backwards so
+ * that a span's children are summed before it. The root's and spans' child sums start at 0. */
+static int
+add_to(PyObject *list, Py_ssize_t i, long long d)
+{
+    long long v = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *n = PyLong_FromLongLong(v + d);
+    if (n == NULL)
+        return -1;
+    return PyList_SetItem(list, i, n);
+}
+
+static PyObject *
+self_times(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *spans, *root;
+    int release;
+    if (!PyArg_ParseTuple(args, "O!O!p", &PyList_Type, &spans, &PyList_Type, &root, &release))
+        return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t closed = 0;
+    for (Py_ssize_t i = PyList_GET_SIZE(spans) - 1; i >= 0; i--) {
+        PyObject *sp = PyList_GET_ITEM(spans, i);
+        if (!PyList_CheckExact(sp) || PyList_GET_SIZE(sp) != NFIELDS) {
+            PyErr_SetString(PyExc_TypeError, "self_times() takes span lists");
+            goto fail;
+        }
+        PyObject *end = PyList_GET_ITEM(sp, END);
+        if (end == Py_None)
+            continue;
+        closed++;
+        long long d = PyLong_AsLongLong(end) - PyLong_AsLongLong(PyList_GET_ITEM(sp, START));
+        long long child = PyLong_AsLongLong(PyList_GET_ITEM(sp, CHILD));
+        if (PyErr_Occurred())
+            goto fail;
+        if (d < 0)
+            d = 0;
+        PyObject *parent = PyList_GET_ITEM(sp, PARENT);
+        if (!PyList_CheckExact(parent) || PyList_GET_SIZE(parent) != NFIELDS || add_to(parent, CHILD, d) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a span's parent is not a span");
+            goto fail;
+        }
+        long long own = d - child;
+        if (own < 0)
+            own = 0;
+        PyObject *name = PyList_GET_ITEM(sp, NAME);
+        PyObject *cur = PyDict_GetItemWithError(out, name);
+        if (cur == NULL && PyErr_Occurred())
+            goto fail;
+        long long sum = own;
+        if (cur != NULL) {
+            sum += PyLong_AsLongLong(cur);
+            if (PyErr_Occurred())
+                goto fail;
+        }
+        PyObject *v = PyLong_FromLongLong(sum);
+        if (v == NULL || PyDict_SetItem(out, name, v) < 0) {
+            Py_XDECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+        if (release && PyList_SetItem(sp, TRACE, Py_NewRef(Py_None)) < 0)
+            goto fail;
+    }
+    return Py_BuildValue("(NOn)", out, PyList_GET_ITEM(root, CHILD), closed);
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *
+setup(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *var, *wall;
+    if (!PyArg_ParseTuple(args, "OO", &var, &wall))
+        return NULL;
+    if (!PyContextVar_CheckExact(var)) {
+        PyErr_SetString(PyExc_TypeError, "setup() takes the ContextVar of the current span");
+        return NULL;
+    }
+    Py_XSETREF(current_var, Py_NewRef(var));
+    Py_XSETREF(wall_mark, Py_NewRef(wall));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"setup", setup, METH_VARARGS, "setup(current_span_var, perf_counter_ns): bind to timing.py's state."},
+    {"self_times", self_times, METH_VARARGS, "self_times(spans, root, release): stage self times from wall-clock spans."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "servescope._speedups", "A stage's enter and exit in C.", -1, module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (PyType_Ready(&StageBaseType) < 0)
+        return NULL;
+    str_mark = PyUnicode_InternFromString("_mark");
+    str_spans = PyUnicode_InternFromString("_spans");
+    zero = PyLong_FromLong(0);
+    if (str_mark == NULL || str_spans == NULL || zero == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "StageBase", (PyObject *)&StageBaseType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
