@@ -61,6 +61,18 @@ def connect(address: str | None = None) -> bool:
     return False
 
 
+def node_name() -> str:
+    """This process's machine and Ray node: ``host/node-id-prefix`` (several Ray nodes can share
+    one host in tests and on big machines)."""
+    host = socket.gethostname()
+    try:
+        import ray
+
+        return f"{host}/{ray.get_runtime_context().get_node_id()[:8]}"
+    except Exception:  # not in a Ray worker
+        return host
+
+
 def _host_port(address: str) -> tuple[str, int]:
     rest = address.removeprefix("ray://")
     host, _, port = rest.rpartition(":")
@@ -97,7 +109,7 @@ class LoadGeneratorActor:
         self.loop: Any = None
 
     def where(self) -> str:
-        return socket.gethostname()
+        return node_name()
 
     def first(self, options: BenchOptions) -> tuple[float | None, str | None]:
         loop = _fast_loop()()
@@ -130,7 +142,7 @@ class LoadGeneratorActor:
             "until": None if until is None else until - measure_from,
             "lags": lags,
             "cpu_s": cpu,
-            "node": socket.gethostname(),
+            "node": node_name(),
             "start_late_ms": round(late_ms, 3),
         }
 

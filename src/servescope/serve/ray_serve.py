@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import threading
 import time
 from typing import Any
 
+from ..cluster import connect, node_name
 from ..exceptions import ConfigError, require
 from ..recorder import Recorder
 from ..report import Report
@@ -131,7 +131,7 @@ class ServescopeReplica:
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_id.unique_id
         self.app_name = ctx.app_name
-        self.node = socket.gethostname()
+        self.node = node_name()
         self.recorder = Recorder(deltas=True, keep_samples=0)
         self.collector = _collector(self.app_name)
         self.serve_app = ServeApp(
@@ -277,8 +277,6 @@ def run(
 ) -> str:
     """Deploy ``model`` on Ray Serve behind Ray's HTTP proxy at ``host:port``; with ``wait``,
     block until Ctrl-C or SIGTERM, then take the application down. Returns the base URL."""
-    from ..cluster import connect
-
     deployment(model, replicas=replicas, name=app_name, **options)  # bad options: refused before Ray starts
     started = connect(address)
     from ray import serve
