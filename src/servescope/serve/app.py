@@ -188,8 +188,12 @@ class ServeApp:
             elif path == "/metrics":
                 await self._serve_metrics(send)
             elif path == "/report":
-                report = await asyncio.get_running_loop().run_in_executor(None, self.report_source)
-                await _respond(send, 200, report.to_json(indent=False, samples=False).encode())
+                try:
+                    report = await asyncio.get_running_loop().run_in_executor(None, self.report_source)
+                except Exception as exc:  # a Ray collector out of reach: say so, keep serving
+                    await _respond(send, 503, _error_body(f"no report now: {type(exc).__name__}: {exc}"))
+                else:
+                    await _respond(send, 200, report.to_json(indent=False, samples=False).encode())
             else:
                 await _respond(send, 404, _error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics, /report"))
         elif kind == "lifespan":
