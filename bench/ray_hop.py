@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from serve_compare import free_port, wait_ready  # noqa: E402  (this folder is on sys.path)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from e2e.conftest import free_port  # noqa: E402
 
 BODY = json.dumps({"x": [0.1] * 256}).encode()
 
@@ -34,22 +34,6 @@ def start(ray: bool, replicas: int, port: int) -> subprocess.Popen:
     if ray:
         cmd += ["--ray", "--replicas", str(replicas)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-
-
-def wait_up(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            req = urllib.request.Request(url, data=BODY, headers={"Content-Type": "application/json"})
-            if urllib.request.urlopen(req, timeout=2).status == 200:
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError("not ready in time")
 
 
 def bench(url: str, concurrency: int, seconds: float) -> dict:
@@ -75,7 +59,7 @@ def main() -> None:
         proc = start(ray, replicas, port)
         url = f"http://127.0.0.1:{port}/predict"
         try:
-            wait_up(url, proc)
+            wait_ready(url, proc, timeout=180)
             for c in (1, 8):
                 rep = bench(url, c, args.seconds)
                 gap = rep["stages"].get("proxy+network") or rep["stages"].get("network+client") or {}
