@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from serve_compare import free_port, wait_ready  # noqa: E402  (this folder is on sys.path)
