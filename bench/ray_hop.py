@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from serve_compare import free_port, wait_ready  # noqa: E402  (this folder is on sys.path)
+from serve_compare import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 

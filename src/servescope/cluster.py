@@ -19,7 +19,15 @@ import socket
 import time
 from typing import Any, Callable
 
-from .bench import BenchOptions, _fast_loop, _first_request, _run_level, is_unreachable, level_meta, results_report
+from .bench import (
+    BenchOptions,
+    _fast_loop,
+    _first_request,
+    _run_level,
+    is_unreachable,
+    level_meta,
+    results_report,
+)
 from .exceptions import ConfigError, require
 from .loadgen import Result
 from .report import Report

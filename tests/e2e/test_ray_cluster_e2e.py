@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from servescope.bench import BenchOptions  # noqa: E402
-from servescope.cluster import run_bench_ray  # noqa: E402
+from servescope.bench import BenchOptions
+from servescope.cluster import run_bench_ray
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,14 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from servescope.bench import PROXY, BenchOptions  # noqa: E402
-from servescope.cli import main  # noqa: E402
-from servescope.cluster import connect, run_bench_ray  # noqa: E402
-from servescope.loader import load_target  # noqa: E402
-from servescope.exceptions import ConfigError  # noqa: E402
-from servescope.serve.ray_serve import deploy, report, shutdown  # noqa: E402
+from servescope.bench import PROXY, BenchOptions
+from servescope.cli import main
+from servescope.cluster import connect, run_bench_ray
+from servescope.exceptions import ConfigError
+from servescope.loader import load_target
+from servescope.serve.ray_serve import deploy, report, shutdown
 
-from .conftest import free_port  # noqa: E402
+from .conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = json.dumps({"x": [0.1] * 256}).encode()

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from .conftest import free_port  # noqa: E402
+from .conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
