@@ -195,7 +195,7 @@ def results_report(
     return report
 
 
-async def _first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float | None, str | None]:
+async def first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float | None, str | None]:
     gen = LoadGenerator(options.target, raw[:1], timeout_s=options.timeout_s)
     results = await gen.closed_loop(concurrency=1, requests=1)
     if not results:
@@ -205,7 +205,7 @@ async def _first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float
     return (r[2] - r[1]) / 1e6, kind
 
 
-async def _run_level(
+async def run_level(
     options: BenchOptions,
     raw: list[bytes],
     mode: str,
@@ -288,7 +288,7 @@ def run_bench(
             loop.add_signal_handler(signal.SIGINT, interrupt)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
             pass
-        first_ms, first_err = await _first_request(options, raw)
+        first_ms, first_err = await first_request(options, raw)
         if is_unreachable(first_err):
             raise ConfigError(f"cannot reach {options.target}: {first_err}")
         for mode, level in options.levels:
@@ -297,7 +297,7 @@ def run_bench(
             label = f"{mode}={level:g}"
             tick = (lambda gen, label=label: on_tick(label, gen)) if on_tick else None
             cpu0 = time.process_time()
-            results, measure_from, until, lags = await _run_level(options, raw, mode, level, tick, state)
+            results, measure_from, until, lags = await run_level(options, raw, mode, level, tick, state)
             cpu = time.process_time() - cpu0
             meta = level_meta(options, mode, level)
             if state["interrupted"]:
@@ -312,7 +312,7 @@ def run_bench(
                 rep.extra.setdefault("generator", {})["cpu_us_per_request"] = round(cpu / len(results) * 1e6, 1)
             reports.append(rep)
 
-    loop = (loop_factory or _fast_loop())()
+    loop = (loop_factory or fast_loop())()
     try:
         loop.run_until_complete(main())
     finally:
@@ -320,7 +320,7 @@ def run_bench(
     return reports
 
 
-def _fast_loop() -> Callable[[], asyncio.AbstractEventLoop]:
+def fast_loop() -> Callable[[], asyncio.AbstractEventLoop]:
     try:
         import uvloop
 

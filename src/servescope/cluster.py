@@ -21,12 +21,12 @@ from typing import Any, Callable
 
 from .bench import (
     BenchOptions,
-    _fast_loop,
-    _first_request,
-    _run_level,
+    fast_loop,
+    first_request,
     is_unreachable,
     level_meta,
     results_report,
+    run_level,
 )
 from .exceptions import ConfigError, require
 from .loadgen import Result
@@ -120,9 +120,9 @@ class LoadGeneratorActor:
         return node_name()
 
     def first(self, options: BenchOptions) -> tuple[float | None, str | None]:
-        loop = _fast_loop()()
+        loop = fast_loop()()
         try:
-            return loop.run_until_complete(_first_request(options, options.raw_requests()))
+            return loop.run_until_complete(first_request(options, options.raw_requests()))
         finally:
             loop.close()
 
@@ -130,7 +130,7 @@ class LoadGeneratorActor:
         """Run one share of a level from the wall-clock time ``start_at``; results come back
         with times relative to the start of measurement (each machine has its own clock)."""
         raw = options.raw_requests()
-        self.loop = loop = _fast_loop()()
+        self.loop = loop = fast_loop()()
         try:
             delay = start_at - time.time()
             if delay > 0:
@@ -138,7 +138,7 @@ class LoadGeneratorActor:
             late_ms = max(0.0, (time.time() - start_at) * 1e3)
             cpu0 = time.process_time()
             results, measure_from, until, lags = loop.run_until_complete(
-                _run_level(options, raw, mode, level, None, self.state, offset_ns=offset_ns, seed=seed)
+                run_level(options, raw, mode, level, None, self.state, offset_ns=offset_ns, seed=seed)
             )
             cpu = time.process_time() - cpu0
         finally:
