@@ -149,13 +149,13 @@ class ServescopeReplica:
         self.push()  # registered with the collector before the first request
         threading.Thread(target=self._pusher, name="servescope-push", daemon=True).start()
 
-    def push(self, wait: bool = True) -> None:
+    def push(self) -> None:
+        """Ship what was recorded since the last push (deltas are disjoint: order is free)."""
         import ray
 
         delta = self.recorder.take_delta(replica=self.replica_id)
-        ref = self.collector.push.remote(self.replica_id, self.node, None if delta is None else delta.to_dict(samples=False))
-        if wait:
-            ray.get(ref, timeout=30)
+        data = None if delta is None else delta.to_dict(samples=False)
+        ray.get(self.collector.push.remote(self.replica_id, self.node, data), timeout=30)
 
     def _pusher(self) -> None:
         while not self._stop.wait(self.push_every_s):
