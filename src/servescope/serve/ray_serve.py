@@ -134,6 +134,8 @@ class ServescopeReplica:
         self.node = node_name()
         self.recorder = Recorder(deltas=True, keep_samples=0)
         self.collector = _collector(self.app_name)
+        self._push_lock = threading.Lock()
+        self._held: Report | None = None  # a shipment that failed, sent again with the next
         self.serve_app = ServeApp(
             model,
             **options,
@@ -150,12 +152,21 @@ class ServescopeReplica:
         threading.Thread(target=self._pusher, name="servescope-push", daemon=True).start()
 
     def push(self) -> None:
-        """Ship what was recorded since the last push (deltas are disjoint: order is free)."""
+        """Ship what was recorded since the last push; a shipment that fails is kept and goes
+        with the next one (deltas are disjoint, so nothing is counted twice or lost)."""
         import ray
 
-        delta = self.recorder.take_delta(replica=self.replica_id)
-        data = None if delta is None else delta.to_dict(samples=False)
-        ray.get(self.collector.push.remote(self.replica_id, self.node, data), timeout=30)
+        with self._push_lock:
+            delta = self.recorder.take_delta(replica=self.replica_id)
+            held, self._held = self._held, None
+            if held is not None:
+                delta = held if delta is None else Report.combine([held, delta])
+            data = None if delta is None else delta.to_dict(samples=False)
+            try:
+                ray.get(self.collector.push.remote(self.replica_id, self.node, data), timeout=30)
+            except BaseException:
+                self._held = delta
+                raise
 
     def _pusher(self) -> None:
         while not self._stop.wait(self.push_every_s):
