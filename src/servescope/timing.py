@@ -387,11 +387,6 @@ class Trace:
                 sp[_CHILD] = 0
         self._summed = not release
         if self.clock.name == "wall":  # marks are ns already: the hot path, no copies
-            if _c_self_times is not None:
-                out, covered, n_closed = _c_self_times(self._spans, root, release)
-                for name, d in self._added:
-                    out[name] = out.get(name, 0) + d
-                return out, covered, n_closed
             closed = [sp for sp in self._spans if sp[_END] is not None]
             starts = ends = None
         else:
@@ -417,10 +412,16 @@ class Trace:
     def _resolve(self) -> None:
         root = self._root
         assert root is not None  # guarded by stop()
-        out, covered, n_closed = self._self_times(release=True)
         if self.clock.name == "wall":
+            if _c_self_times is not None and not self._summed:  # every request's path: in C
+                out, covered, n_closed = _c_self_times(self._spans, root, True)
+                for name, d in self._added:
+                    out[name] = out.get(name, 0) + d
+            else:
+                out, covered, n_closed = self._self_times(release=True)
             total = root[_END] - root[_START]
         else:
+            out, covered, n_closed = self._self_times(release=True)
             total = self.clock.resolve(root[_START], [root[_END]])[0]
         if total < 0:
             total = 0
