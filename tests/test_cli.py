@@ -42,6 +42,7 @@ def exit_code(args: list[str]) -> int:
         (["demo", "--seconds", "soon"], "not a duration"),
         (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read report"),
         (["report", "/nonexistent/run.json"], "cannot read report"),
+        (["report", "http://127.0.0.1:9/report"], "cannot fetch a report from http://127.0.0.1:9/report"),
         (["frobnicate"], "invalid choice"),
     ],
 )

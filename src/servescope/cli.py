@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ray-address", default=None, help="with --ray: the cluster (auto, HOST:PORT, ray://HOST:PORT; default: start one here)")
 
     report = sub.add_parser("report", help="print a saved report (JSON) again")
-    report.add_argument("file", help="a report saved with --json")
+    report.add_argument("file", help="a report saved with --json, or a running server's http://HOST:PORT/report")
     report.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     return parser
 

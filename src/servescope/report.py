@@ -269,12 +269,31 @@ class Report:
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
+        """A saved report, or one a running server serves (``http://host:port/report``: a
+        ``servescope serve`` app, or any replica of one on Ray, which answers for all of them)."""
+        if isinstance(path, str) and path.startswith(("http://", "https://")):
+            return cls.fetch(path)
         path = Path(path)
         try:
             text = path.read_bytes()
         except OSError as exc:
             raise ReportError(f"cannot read report {str(path)!r}: {exc.strerror or exc}") from None
         return cls.from_json(text, source=str(path))
+
+    @classmethod
+    def fetch(cls, url: str, *, timeout_s: float = 30.0) -> Report:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            raise ReportError(f"cannot fetch a report from {url}: HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ReportError(f"cannot fetch a report from {url}: {reason}") from None
+        return cls.from_json(text, source=url)
 
     def __repr__(self) -> str:
         lat = self.latency

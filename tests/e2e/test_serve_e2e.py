@@ -75,6 +75,20 @@ def test_bench_sees_the_runtimes_stage_breakdown(server):
     assert {"queue", "preprocess", "infer", "serialize", "network+client"} <= set(rep.stages)
 
 
+def test_report_reads_what_the_running_server_served(server):
+    _, url = server
+    before = json.loads(urllib.request.urlopen(f"{url}/report", timeout=30).read())["latency"]["count"]
+    for _ in range(3):
+        post(url).read()
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "report", f"{url}/report", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["latency"]["count"] == before + 3
+    assert {"queue", "infer", "serialize"} <= set(rep["stages"])
+
+
 def test_memory_stays_flat_under_a_bounded_soak(server):
     proc, url = server
     opts = BenchOptions(url=f"{url}/predict", bodies=[BODY], content_type="application/json", concurrency=[8], duration_s=3, warmup_s=0.3)
