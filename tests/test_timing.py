@@ -238,3 +238,17 @@ def test_the_pure_python_stages_pass_the_same_tests(tmp_path):
     )  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:]
     assert " passed" in p.stdout
+
+
+def test_equal_names_held_by_different_stage_objects_add_up(clock):
+    from servescope.timing import Stage
+
+    a, b = Stage("".join(["de", "code"])), Stage("decode")  # equal names, two string objects
+    with trace(clock=WallClock(clock.now)) as t:
+        with a:
+            clock.advance(1.0)
+            with b:  # nested: the outer one's self time excludes it
+                clock.advance(2.0)
+        with b:
+            clock.advance(0.5)
+    assert t.durations_ms == pytest.approx({"decode": 3.5})

@@ -177,62 +177,88 @@ static PyTypeObject StageBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* self_times(spans, release) -> (stage -> self ns, ns the top-level stages cover, closed count)
- * for wall-clock marks (ints): timing.Trace._self_times' loop, walking the spans backwards so
- * that a span's children are summed before it. The root's and spans' child sums start at 0. */
+/* self_times(spans, root) -> (stage -> self ns, ns the top-level stages cover, closed count)
+ * for wall-clock marks (ints), at the end of a request: timing.Trace._self_times' loop, walking
+ * the spans backwards so that a span's children are summed before it. Child sums live in a
+ * small table keyed by span (not in the span lists), self times in one keyed by name object,
+ * folded into the dict once at the end; each closed span drops its reference to the trace. */
+typedef struct {
+    PyObject *key;
+    long long value;
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t mask;
+} Table;
+
 static int
-add_to(PyObject *list, Py_ssize_t i, long long d)
+table_init(Table *t, Py_ssize_t n)
 {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    PyObject *n = PyLong_FromLongLong(v + d);
-    if (n == NULL)
-        return -1;
-    return PyList_SetItem(list, i, n);
+    size_t size = 16;
+    while (size < (size_t)n * 2 + 2)
+        size <<= 1;
+    t->slots = PyMem_Calloc(size, sizeof(Slot));
+    t->mask = size - 1;
+    return t->slots == NULL ? -1 : 0;
+}
+
+static Slot *
+table_slot(Table *t, PyObject *key)
+{
+    size_t i = ((size_t)key >> 4) & t->mask;
+    while (t->slots[i].key != NULL && t->slots[i].key != key)
+        i = (i + 1) & t->mask;
+    t->slots[i].key = key;
+    return &t->slots[i];
 }
 
 static PyObject *
 self_times(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *spans, *root;
-    int release;
-    if (!PyArg_ParseTuple(args, "O!O!p", &PyList_Type, &spans, &PyList_Type, &root, &release))
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &spans, &PyList_Type, &root))
         return NULL;
-    PyObject *out = PyDict_New();
-    if (out == NULL)
-        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    Table child = {NULL, 0}, own = {NULL, 0};
+    PyObject *out = NULL;
+    if (table_init(&child, n + 1) < 0 || table_init(&own, n) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
     Py_ssize_t closed = 0;
-    for (Py_ssize_t i = PyList_GET_SIZE(spans) - 1; i >= 0; i--) {
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
         PyObject *sp = PyList_GET_ITEM(spans, i);
         if (!PyList_CheckExact(sp) || PyList_GET_SIZE(sp) != NFIELDS) {
             PyErr_SetString(PyExc_TypeError, "self_times() takes span lists");
-            goto fail;
+            goto done;
         }
         PyObject *end = PyList_GET_ITEM(sp, END);
         if (end == Py_None)
             continue;
         closed++;
         long long d = PyLong_AsLongLong(end) - PyLong_AsLongLong(PyList_GET_ITEM(sp, START));
-        long long child = PyLong_AsLongLong(PyList_GET_ITEM(sp, CHILD));
         if (PyErr_Occurred())
-            goto fail;
+            goto done;
         if (d < 0)
             d = 0;
-        PyObject *parent = PyList_GET_ITEM(sp, PARENT);
-        if (!PyList_CheckExact(parent) || PyList_GET_SIZE(parent) != NFIELDS || add_to(parent, CHILD, d) < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "a span's parent is not a span");
-            goto fail;
-        }
-        long long own = d - child;
-        if (own < 0)
-            own = 0;
-        PyObject *name = PyList_GET_ITEM(sp, NAME);
+        long long mine = d - table_slot(&child, sp)->value; /* its children came later: done */
+        table_slot(&child, PyList_GET_ITEM(sp, PARENT))->value += d;
+        table_slot(&own, PyList_GET_ITEM(sp, NAME))->value += mine > 0 ? mine : 0;
+        if (PyList_SetItem(sp, TRACE, Py_NewRef(Py_None)) < 0)
+            goto done;
+    }
+    out = PyDict_New();
+    if (out == NULL)
+        goto done;
+    for (size_t i = 0; i <= own.mask; i++) { /* equal names held by different objects add up */
+        PyObject *name = own.slots[i].key;
+        if (name == NULL)
+            continue;
+        long long sum = own.slots[i].value;
         PyObject *cur = PyDict_GetItemWithError(out, name);
         if (cur == NULL && PyErr_Occurred())
             goto fail;
-        long long sum = own;
         if (cur != NULL) {
             sum += PyLong_AsLongLong(cur);
             if (PyErr_Occurred())
@@ -244,12 +270,18 @@ self_times(PyObject *Py_UNUSED(module), PyObject *args)
             goto fail;
         }
         Py_DECREF(v);
-        if (release && PyList_SetItem(sp, TRACE, Py_NewRef(Py_None)) < 0)
-            goto fail;
     }
-    return Py_BuildValue("(NOn)", out, PyList_GET_ITEM(root, CHILD), closed);
+    PyObject *result = Py_BuildValue("(NLn)", out, table_slot(&child, root)->value, closed);
+    out = NULL;
+    PyMem_Free(child.slots);
+    PyMem_Free(own.slots);
+    return result;
 fail:
-    Py_DECREF(out);
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(out);
+    PyMem_Free(child.slots);
+    PyMem_Free(own.slots);
     return NULL;
 }
 
@@ -270,7 +302,7 @@ setup(PyObject *Py_UNUSED(module), PyObject *args)
 
 static PyMethodDef module_methods[] = {
     {"setup", setup, METH_VARARGS, "setup(current_span_var, perf_counter_ns): bind to timing.py's state."},
-    {"self_times", self_times, METH_VARARGS, "self_times(spans, root, release): stage self times from wall-clock spans."},
+    {"self_times", self_times, METH_VARARGS, "self_times(spans, root): stage self times of a finished wall-clock trace."},
     {NULL, NULL, 0, NULL},
 };
 

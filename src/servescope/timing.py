@@ -414,7 +414,7 @@ class Trace:
         assert root is not None  # guarded by stop()
         if self.clock.name == "wall":
             if _c_self_times is not None and not self._summed:  # every request's path: in C
-                out, covered, n_closed = _c_self_times(self._spans, root, True)
+                out, covered, n_closed = _c_self_times(self._spans, root)
                 for name, d in self._added:
                     out[name] = out.get(name, 0) + d
             else:
