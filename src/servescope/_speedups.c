@@ -285,6 +285,39 @@ done:
     return NULL;
 }
 
+/* stage(name): timing.stage's lookup (a hit is one dict read); anything else goes to
+ * timing._new_stage, which validates the name and caches the new Stage. */
+static PyObject *stage_cache = NULL; /* timing._STAGES */
+static PyObject *stage_factory = NULL; /* timing._new_stage */
+
+static PyObject *
+stage(PyObject *Py_UNUSED(module), PyObject *name)
+{
+    if (stage_cache == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "servescope._speedups.stage_setup() was not called");
+        return NULL;
+    }
+    if (PyUnicode_CheckExact(name)) {
+        PyObject *s = PyDict_GetItemWithError(stage_cache, name);
+        if (s != NULL)
+            return Py_NewRef(s);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_CallOneArg(stage_factory, name);
+}
+
+static PyObject *
+stage_setup(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *cache, *factory;
+    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &cache, &factory))
+        return NULL;
+    Py_XSETREF(stage_cache, Py_NewRef(cache));
+    Py_XSETREF(stage_factory, Py_NewRef(factory));
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 setup(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -302,6 +335,16 @@ setup(PyObject *Py_UNUSED(module), PyObject *args)
 
 static PyMethodDef module_methods[] = {
     {"setup", setup, METH_VARARGS, "setup(current_span_var, perf_counter_ns): bind to timing.py's state."},
+    {"stage", stage, METH_O,
+     "stage(name)\n--\n\n"
+     "Time a block or a function as one stage of the current request.\n\n"
+     "    with servescope.stage(\"infer\"):\n"
+     "        y = model(x)\n\n"
+     "    @servescope.stage(\"preprocess\")\n"
+     "    async def prepare(payload): ...\n\n"
+     "Outside a trace it records nothing and never fails. Stage objects hold no state (the\n"
+     "open span lives in the context), so one may be shared, nested and used from many tasks."},
+    {"stage_setup", stage_setup, METH_VARARGS, "stage_setup(cache, factory): bind to timing.py's stage cache."},
     {"self_times", self_times, METH_VARARGS, "self_times(spans, root): stage self times of a finished wall-clock trace."},
     {NULL, NULL, 0, NULL},
 };
