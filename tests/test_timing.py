@@ -183,7 +183,7 @@ def test_a_trace_hands_itself_to_its_recorder(clock):
     assert rec.stages["infer"].values().tolist() == [2.0]
 
 
-@pytest.mark.parametrize("bad", [None, 3, "", b"infer"])
+@pytest.mark.parametrize("bad", [None, 3, "", b"infer", ["infer"]])
 def test_a_stage_name_must_be_a_non_empty_string(bad):
     with pytest.raises(StageError, match="stage name must be a non-empty string"):
         stage(bad)
