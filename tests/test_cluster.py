@@ -116,3 +116,18 @@ def test_without_ray_installed_the_error_names_the_extra(monkeypatch):
 def test_ray_options_without_ray_are_refused(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_terminal_view_says_where_the_load_came_from_and_who_answered():
+    from rich.console import Console
+
+    from servescope.renderers.terminal import render_terminal
+
+    options = BenchOptions(url="http://127.0.0.1:1/", concurrency=[4])
+    rep = _merge(options, "concurrency", 4, [_outcome([1.0, 2.0]), "generator 1: ActorDiedError: node died"], None)
+    rep.extra["replicas"] = {"r1": 1, "r2": 1}
+    console = Console(record=True, width=160)
+    render_terminal(rep, console=console)
+    text = console.export_text()
+    assert "Load from 2 generator(s) on 1 node(s); 1 lost: generator 1: ActorDiedError: node died" in text
+    assert "Answered by 2 replica(s): r1 1, r2 1" in text

@@ -68,6 +68,20 @@ def _headline(report: Report) -> list[Text]:
     tput = report.extra.get("throughput_rps")
     if tput is not None:
         lines.append(Text(f"Throughput: {tput:.1f} requests/s"))
+    gens = report.extra.get("generators")
+    if gens:  # bench --ray: where the load came from
+        nodes = len({g["node"] for g in gens})
+        lost = report.extra.get("generators_lost") or []
+        lines.append(
+            Text(
+                f"Load from {report.meta.get('generators', len(gens))} generator(s) on {nodes} node(s)"
+                + (f"; {len(lost)} lost: {'; '.join(lost)}" if lost else ""),
+                style="yellow" if lost else "",
+            )
+        )
+    replicas = report.extra.get("replicas")
+    if replicas:  # servescope on Ray Serve: who answered
+        lines.append(Text(f"Answered by {len(replicas)} replica(s): " + ", ".join(f"{r} {n}" for r, n in replicas.items())))
     first = lat.get("first_ms")
     if first is not None and lat.get("p50_ms"):
         ratio = first / lat["p50_ms"]
