@@ -303,6 +303,9 @@ def run(
             ray.shutdown()
         raise
     url = f"http://{host}:{port}"
+    if not _answers(f"{url}/health"):  # Serve was already up on this cluster, with its own HTTP options
+        log.warning("servescope: deployed, but nothing answers on %s: Ray Serve was already running on this "
+                    "cluster and keeps its own HTTP host and port (see `serve status`)", url)  # fmt: skip
     if not wait:
         return url
     import signal
@@ -314,6 +317,16 @@ def run(
     stop.wait()
     shutdown(app_name, local=started)
     return url
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def shutdown(app_name: str = "servescope", *, local: bool = False) -> None:
