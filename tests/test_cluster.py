@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +132,18 @@ def test_the_terminal_view_says_where_the_load_came_from_and_who_answered():
     text = console.export_text()
     assert "Load from 2 generator(s) on 1 node(s); 1 lost: generator 1: ActorDiedError: node died" in text
     assert "Answered by 2 replica(s): r1 1, r2 1" in text
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"replicas": 0}, "replicas must be a whole number >= 1"), ({"max_batch_size": 0}, "max_batch_size must be")],
+)
+def test_a_deployment_with_bad_options_is_refused_before_reaching_a_cluster(kwargs, message):
+    pytest.importorskip("ray.serve")
+    from servescope.loader import load_target
+    from servescope.serve.ray_serve import deployment
+
+    model = load_target(str(Path(__file__).resolve().parent.parent / "examples" / "mlp_serve.py") + ":MLP")()
+    with pytest.raises(ConfigError, match=message):
+        deployment(model, **kwargs)
+    assert type(deployment(model, autoscaling_config={"min_replicas": 1, "max_replicas": 3})).__name__ == "Application"

@@ -204,15 +204,17 @@ def deployment(
     name: str = "servescope",
     ray_actor_options: dict[str, Any] | None = None,
     max_ongoing_requests: int | None = None,
+    autoscaling_config: dict[str, Any] | None = None,
     push_every_s: float = 1.0,
     **options: Any,
 ) -> Any:
-    """A Ray Serve Application serving ``model`` on ``replicas`` replicas; ``options`` as
-    ``servescope.serve`` (validated here, before anything is sent to the cluster).
+    """A Ray Serve Application serving ``model`` on ``replicas`` replicas (or as many as Ray's
+    ``autoscaling_config`` decides); ``options`` as ``servescope.serve`` (validated here,
+    before anything is sent to the cluster).
 
     Each replica asks Ray for ``ray_actor_options`` (default one CPU) and uses that many torch
     threads unless ``threads`` is given. ``max_ongoing_requests`` (Ray's cap on what one
-    replica holds at once) defaults to twice the batch size plus the queue, so batches can fill.
+    replica holds at once) defaults to twice the batch size plus 8, so batches can fill.
     """
     require("ray.serve", "ray", "to deploy on Ray Serve")
     from ray import serve
@@ -226,9 +228,8 @@ def deployment(
     ongoing = max_ongoing_requests or 2 * batch + 8
     _ship_by_value(type(model).__module__)
     replica_cls = serve.ingress(_this_replica_app)(ServescopeReplica)
-    dep = serve.deployment(
-        replica_cls, name=name, num_replicas=replicas, ray_actor_options=actor, max_ongoing_requests=ongoing
-    )
+    scale: dict[str, Any] = {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": replicas}
+    dep = serve.deployment(replica_cls, name=name, ray_actor_options=actor, max_ongoing_requests=ongoing, **scale)
     return dep.bind(model, options, push_every_s)
 
 
