@@ -147,3 +147,14 @@ def test_a_deployment_with_bad_options_is_refused_before_reaching_a_cluster(kwar
     with pytest.raises(ConfigError, match=message):
         deployment(model, **kwargs)
     assert type(deployment(model, autoscaling_config={"min_replicas": 1, "max_replicas": 3})).__name__ == "Application"
+
+
+def test_the_html_report_lists_generators_and_replicas():
+    from servescope.renderers.html import render_html
+
+    options = BenchOptions(url="http://127.0.0.1:1/", concurrency=[4])
+    rep = _merge(options, "concurrency", 4, [_outcome([1.0, 2.0], node="host-a/1234abcd"), "generator 1: gone"], None)
+    rep.extra["replicas"] = {"r1": 2}
+    page = render_html(rep)
+    assert "<h2>Load generators</h2>" in page and "host-a/1234abcd" in page and "lost: generator 1: gone" in page
+    assert "<h2>Replicas that answered</h2>" in page and "<td>r1</td><td>2</td>" in page

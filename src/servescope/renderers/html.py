@@ -172,6 +172,29 @@ def _sweep(rows: list[dict[str, Any]]) -> str:
     return "<h2>Throughput vs latency</h2>" + "".join(table) + chart
 
 
+def _cluster(rep: Report) -> str:
+    """bench --ray: each generator's row; servescope on Ray Serve: answers per replica."""
+    out = []
+    gens = rep.extra.get("generators") or []
+    if gens:
+        out.append("<h2>Load generators</h2><table><tr><th>generator</th><th>node</th><th>requests</th>"
+                   "<th>CPU us/request</th><th>start late ms</th></tr>")  # fmt: skip
+        for g in gens:
+            out.append(
+                f"<tr><td>{g['generator']}</td><td>{html.escape(str(g['node']))}</td><td>{g['requests']}</td>"
+                f"<td>{_f(g['cpu_us_per_request'], 1)}</td><td>{_f(g['start_late_ms'])}</td></tr>"
+            )
+        out.append("</table>")
+        for lost in rep.extra.get("generators_lost") or []:
+            out.append(f'<div class="finding high">lost: {html.escape(str(lost))}</div>')
+    replicas = rep.extra.get("replicas") or {}
+    if replicas:
+        out.append("<h2>Replicas that answered</h2><table><tr><th>replica</th><th>answers</th></tr>")
+        out += [f"<tr><td>{html.escape(str(r))}</td><td>{n}</td></tr>" for r, n in replicas.items()]
+        out.append("</table>")
+    return "".join(out)
+
+
 def _findings(rep: Report) -> str:
     out = []
     for f in rep.findings_by_severity():
@@ -197,6 +220,7 @@ def render_html(report: Report, *, sweep: list[dict[str, Any]] | None = None) ->
         _stage_table(report),
         _distribution(report),
         _sweep(sweep or []),
+        _cluster(report),
         _findings(report),
         f"<p class=muted>{html.escape(report.created)} · Python {html.escape(str(env.get('python', '?')))}"
         f" · {html.escape(str(env.get('cpus_available', '?')))} CPUs · servescope {html.escape(str(env.get('servescope', '')))}</p>",
