@@ -301,7 +301,27 @@ class Trace:
         root[_END] = self._mark()
         if error is not None and self.error is None:
             self.error = f"{type(error).__name__}: {error}"
-        self._resolve()
+        # resolve: stage -> self time, the total, and time in no stage as `other`
+        if self.clock.name == "wall":
+            if _c_self_times is not None and not self._summed:  # every request's path: in C
+                out, covered, n_closed = _c_self_times(self._spans, root)
+                for name, d in self._added:
+                    out[name] = out.get(name, 0) + d
+            else:
+                out, covered, n_closed = self._self_times(release=True)
+            total = root[_END] - root[_START]
+        else:
+            out, covered, n_closed = self._self_times(release=True)
+            total = self.clock.resolve(root[_START], [root[_END]])[0]
+        if total < 0:
+            total = 0
+        self.total_ns = total
+        if self._added:
+            covered += sum(d for _, d in self._added)
+        if total > covered:
+            out[OTHER] = total - covered
+        self.durations_ns = out
+        self.open_stages = len(self._spans) - n_closed
         if self._token is None:
             root[_TRACE] = None  # break the trace <-> root cycle: freed by refcount, not the GC
         if self.recorder is not None:
@@ -323,7 +343,13 @@ class Trace:
 
     def finish(self, error: BaseException | None = None) -> Trace:
         """Close the trace: ``stop()`` then ``detach()``."""
-        self.stop(error)
+        self.__exit__(None, error, None)
+        return self
+
+    __enter__ = start
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.stop(exc)
         token, self._token = self._token, None
         if token is not None:  # detach(), inlined: this is every request's path
             try:
@@ -331,12 +357,6 @@ class Trace:
             except ValueError:
                 pass
             self._root[_TRACE] = None  # type: ignore[index]
-        return self
-
-    __enter__ = start
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.finish(exc)
 
     async def __aenter__(self) -> Trace:
         return self.start()
@@ -418,30 +438,6 @@ class Trace:
         for name, d in self._added:
             out[name] = out.get(name, 0) + d
         return out, root[_CHILD], len(closed)
-
-    def _resolve(self) -> None:
-        root = self._root
-        assert root is not None  # guarded by stop()
-        if self.clock.name == "wall":
-            if _c_self_times is not None and not self._summed:  # every request's path: in C
-                out, covered, n_closed = _c_self_times(self._spans, root)
-                for name, d in self._added:
-                    out[name] = out.get(name, 0) + d
-            else:
-                out, covered, n_closed = self._self_times(release=True)
-            total = root[_END] - root[_START]
-        else:
-            out, covered, n_closed = self._self_times(release=True)
-            total = self.clock.resolve(root[_START], [root[_END]])[0]
-        if total < 0:
-            total = 0
-        self.total_ns = total
-        if self._added:
-            covered += sum(d for _, d in self._added)
-        if total > covered:
-            out[OTHER] = total - covered
-        self.durations_ns = out
-        self.open_stages = len(self._spans) - n_closed
 
     def elapsed_ns(self) -> tuple[dict[str, int], int | None]:
         """Stage -> ns so far (closed stages only) and the time since the trace began (None on
