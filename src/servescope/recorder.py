@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import threading
 from typing import Any, Mapping
@@ -113,11 +114,12 @@ class Recorder:
                 if group is None:
                     group = by_keys[keys] = []
                 group.append(list(durations.values()))
-            self._latency.extend(np.asarray(ok_totals, dtype=float) / 1e6)
+            self._latency.extend(np.fromiter(ok_totals, dtype=float, count=len(ok_totals)) / 1e6)
             for keys, values in by_keys.items():
                 if not keys:
                     continue
-                columns = np.asarray(values, dtype=float) / 1e6
+                flat = np.fromiter(itertools.chain.from_iterable(values), dtype=float, count=len(values) * len(keys))
+                columns = flat.reshape(len(values), len(keys)) / 1e6  # fromiter: no shape discovery
                 for j, name in enumerate(keys):
                     dist = self._stages.get(name)
                     if dist is None:
