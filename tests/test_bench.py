@@ -178,3 +178,16 @@ def test_behind_a_proxy_the_gap_is_named_for_it_and_replicas_are_counted():
     assert NETWORK not in rep.stages
     assert rep.stages[PROXY]["mean_ms"] == pytest.approx(3.0)  # (4 + 3 + 2) / 3
     assert rep.extra["replicas"] == {"a": 2, "b": 1}
+
+
+def test_the_live_line_merges_windows_and_counts_errors():
+    from rich.console import Console
+
+    from servescope.renderers.progress import BenchProgress
+
+    with BenchProgress(Console(force_terminal=True, width=120), seconds=10, requests=None) as progress:
+        progress.show("concurrency=4", 100, 1, [1.0] * 99)
+        progress.show("concurrency=4", 300, 2, [2.0] * 150 + [9.0] * 48)
+        [task] = progress.progress.tasks
+    stats = task.fields["stats"]
+    assert stats.startswith("300 req · ") and stats.endswith("p95 9.00 ms · errors 3")

@@ -343,12 +343,14 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     )
     if args.generators is not None and not args.ray:
         raise ConfigError("--generators goes with --ray ADDRESS")
-    if args.ray:
-        from .cluster import run_bench_ray
+    with BenchProgress(console, seconds=args.warmup + args.duration if not args.requests else None, requests=args.requests) as progress:
+        if args.ray:
+            from .cluster import run_bench_ray
 
-        reports = run_bench_ray(options, address=args.ray, generators=args.generators or 2, say=lambda m: console.print(m))
-    else:
-        with BenchProgress(console, seconds=args.warmup + args.duration if not args.requests else None, requests=args.requests) as progress:
+            reports = run_bench_ray(
+                options, address=args.ray, generators=args.generators or 2, say=console.print, on_progress=progress.show
+            )
+        else:
             reports = run_bench(options, on_tick=progress.tick)
     if not reports:
         console.print("No load level completed.")

@@ -115,6 +115,7 @@ class LoadGeneratorActor:
         self.index = index
         self.state: dict[str, Any] = {"gen": None}
         self.loop: Any = None
+        self.seen = 0  # results already reported by progress()
 
     def where(self) -> str:
         return node_name()
@@ -130,6 +131,7 @@ class LoadGeneratorActor:
         """Run one share of a level from the wall-clock time ``start_at``; results come back
         with times relative to the start of measurement (each machine has its own clock)."""
         raw = options.raw_requests()
+        self.seen = 0
         self.loop = loop = fast_loop()()
         try:
             delay = start_at - time.time()
@@ -154,6 +156,19 @@ class LoadGeneratorActor:
             "start_late_ms": round(late_ms, 3),
         }
 
+    def progress(self) -> tuple[int, int, list[float]]:
+        """Requests done in the run under way, and since the last call: errors and the
+        successes' latencies (ms), for the live line."""
+        gen = self.state.get("gen")
+        if gen is None:
+            return self.seen, 0, []
+        results = gen.results
+        n = len(results)
+        window = results[self.seen : n]
+        self.seen = n
+        ok = [(r[2] - min(r[0], r[1])) / 1e6 for r in window if r[5] is None and r[3] < 400]
+        return n, len(window) - len(ok), ok
+
     def stop(self) -> None:
         gen, loop = self.state.get("gen"), self.loop
         if gen is not None and loop is not None:
@@ -166,11 +181,14 @@ def run_bench_ray(
     address: str | None = None,
     generators: int = 2,
     say: Callable[[str], None] | None = None,
+    on_progress: Callable[[str, int, int, list[float]], None] | None = None,
 ) -> list[Report]:
     """``run_bench`` with the load coming from ``generators`` Ray actors; one merged Report per level.
 
     A generator lost mid-run (its node died) is named in ``extra["generators_lost"]``; the
     report keeps what the others measured. Ctrl-C stops every generator and keeps what ran.
+    ``on_progress(label, requests, new_errors, new_ok_latencies_ms)`` is called about twice a
+    second with every generator's progress merged (``BenchProgress.show`` draws it).
     """
     if not isinstance(generators, int) or generators < 1:
         raise ConfigError(f"generators must be a whole number >= 1, got {generators!r}")
@@ -178,7 +196,7 @@ def run_bench_ray(
     import ray
 
     say = say or (lambda _: None)
-    actor_cls = ray.remote(num_cpus=1, max_concurrency=2)(LoadGeneratorActor)
+    actor_cls = ray.remote(num_cpus=1, max_concurrency=3)(LoadGeneratorActor)  # run, progress, stop
     actors = [actor_cls.options(scheduling_strategy="SPREAD").remote(i) for i in range(generators)]
     reports: list[Report] = []
     try:
@@ -195,7 +213,8 @@ def run_bench_ray(
                 part = dataclasses.replace(options, requests=_share(options.requests, i, len(shares)))
                 seed = None if options.seed is None else options.seed + i
                 refs.append(actors[i].run.remote(part, mode, share, offset, seed, start_at))
-            outcomes, interrupted = _gather(ray, refs, [actors[i] for i in range(len(shares))])
+            poll = None if on_progress is None else (lambda n, e, ok, label=f"{mode}={level:g}": on_progress(label, n, e, ok))
+            outcomes, interrupted = _gather(ray, refs, [actors[i] for i in range(len(shares))], poll)
             rep = _merge(options, mode, level, outcomes, first_ms)
             if first_err:
                 rep.extra["first_error"] = first_err
@@ -212,17 +231,24 @@ def run_bench_ray(
     return reports
 
 
-def _gather(ray: Any, refs: list[Any], actors: list[Any]) -> tuple[list[dict[str, Any] | str], bool]:
-    """Every generator's outcome (a dict, or why it was lost); Ctrl-C stops them all first."""
+def _gather(
+    ray: Any, refs: list[Any], actors: list[Any], poll: Callable[[int, int, list[float]], None] | None = None
+) -> tuple[list[dict[str, Any] | str], bool]:
+    """Every generator's outcome (a dict, or why it was lost); Ctrl-C stops them all first.
+    While they run, ``poll`` gets their merged progress about twice a second."""
     interrupted = False
     while True:
         try:
-            ray.wait(refs, num_returns=len(refs))
-            break
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0.5)
+            if len(done) == len(refs):
+                break
+            if poll is not None:
+                _poll(ray, actors, poll)
         except KeyboardInterrupt:
             interrupted = True
             for a in actors:
                 a.stop.remote()
+            poll = None
     outcomes: list[dict[str, Any] | str] = []
     for i, ref in enumerate(refs):
         try:
@@ -230,6 +256,14 @@ def _gather(ray: Any, refs: list[Any], actors: list[Any]) -> tuple[list[dict[str
         except Exception as exc:  # a dead actor or node: keep the others
             outcomes.append(f"generator {i}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     return outcomes, interrupted
+
+
+def _poll(ray: Any, actors: list[Any], poll: Callable[[int, int, list[float]], None]) -> None:
+    try:
+        parts = ray.get([a.progress.remote() for a in actors], timeout=5)
+    except Exception:  # a generator lost or slow: the live line waits, the run goes on
+        return
+    poll(sum(p[0] for p in parts), sum(p[1] for p in parts), [ms for p in parts for ms in p[2]])
 
 
 def _merge(options: BenchOptions, mode: str, level: float, outcomes: list[dict[str, Any] | str], first_ms: float | None) -> Report:

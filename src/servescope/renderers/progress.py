@@ -27,7 +27,9 @@ class BenchProgress:
             disable=not console.is_terminal,  # a pipe or CI log gets the result, not frames
         )
         self._tasks: dict[str, Any] = {}
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # local generator: results already shown
+        self._done: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
         self._last: dict[str, float] = {}
         self._started: dict[str, float] = {}
 
@@ -39,22 +41,29 @@ class BenchProgress:
         self.progress.__exit__(*exc)
 
     def tick(self, label: str, gen: Any) -> None:
+        """From a local load generator: what completed since the last tick."""
+        results = gen.results
+        n = len(results)
+        window = results[self._seen.get(label, 0) : n]
+        self._seen[label] = n
+        ok = [(r[2] - min(r[0], r[1])) / 1e6 for r in window if r[5] is None and r[3] < 400]
+        self.show(label, n, len(window) - len(ok), ok)
+
+    def show(self, label: str, requests: int, new_errors: int, ok_ms: list[float]) -> None:
+        """``requests`` done so far, and since the last call: ``new_errors`` and the latencies
+        of the successes (several generators' windows merged by the caller)."""
         now = time.monotonic()
         if label not in self._tasks:
             total = self.requests if self.requests else (self.seconds or 1.0)
             self._tasks[label] = self.progress.add_task(label, total=total, stats="")
-            self._seen[label] = 0
+            self._done[label] = self._errors[label] = 0
             self._last[label] = self._started[label] = now
-            return
-        results = gen.results
-        start = self._seen[label]
-        window = results[start:]
-        self._seen[label] = len(results)
         dt = max(now - self._last[label], 1e-6)
+        rate = (requests - self._done[label]) / dt
+        self._done[label] = requests
+        self._errors[label] += new_errors
         self._last[label] = now
-        ok = [(r[2] - min(r[0], r[1])) / 1e6 for r in window if r[5] is None and r[3] < 400]
-        errors = sum(1 for r in results if r[5] is not None or r[3] >= 400)
-        p95 = f"{np.percentile(ok, 95):.2f} ms" if ok else "-"
-        stats = f"{len(results)} req · {len(window) / dt:,.0f} req/s · p95 {p95} · errors {errors}"
-        done = len(results) if self.requests else now - self._started[label]
+        p95 = f"{np.percentile(ok_ms, 95):.2f} ms" if ok_ms else "-"
+        stats = f"{requests} req · {rate:,.0f} req/s · p95 {p95} · errors {self._errors[label]}"
+        done = requests if self.requests else now - self._started[label]
         self.progress.update(self._tasks[label], completed=done, stats=stats)
