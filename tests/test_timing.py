@@ -252,3 +252,15 @@ def test_equal_names_held_by_different_stage_objects_add_up(clock):
         with b:
             clock.advance(0.5)
     assert t.durations_ms == pytest.approx({"decode": 3.5})
+
+
+def test_stages_survive_pickling_as_the_shared_stage(clock):
+    import pickle
+
+    assert b"_speedups" not in pickle.dumps(stage("decode"))  # readable where the extension is not built
+    s = pickle.loads(pickle.dumps(stage("decode")))
+    assert s is stage("decode") and s.name == "decode"
+    with trace(clock=WallClock(clock.now)) as t:
+        with s:
+            clock.advance(1.0)
+    assert t.durations_ms == pytest.approx({"decode": 1.0})

@@ -171,6 +171,9 @@ class Stage(_StageBase):  # type: ignore[valid-type,misc]
             raise _bad_name(name)
         self.name = name
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:  # pickled (Ray, multiprocessing): the shared one
+        return _shared_stage, (self.name,)
+
     async def __aenter__(self) -> Stage:
         return self.__enter__()
 
@@ -218,6 +221,12 @@ def stage(name: str) -> Stage:
     """
     s = _STAGES.get(name) if type(name) is str else None  # checked before hashing: lists are unhashable
     return s if s is not None else _new_stage(name)
+
+
+def _shared_stage(name: str) -> Stage:
+    """Unpickling: the process's shared stage of that name (by reference to this module, so a
+    process without the C extension can read it)."""
+    return stage(name)
 
 
 def _new_stage(name: object) -> Stage:
