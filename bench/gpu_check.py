@@ -110,13 +110,15 @@ def serve_check() -> None:
         await app.startup()
         await app.wait_ready()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            lone = [await c.post("/predict", json={"x": [0.1] * 256}) for _ in range(5)]
             t0 = time.perf_counter()
             rs = await asyncio.gather(*(c.post("/predict", json={"x": [0.1] * 256}) for _ in range(256)))
             dt = time.perf_counter() - t0
         await app.shutdown()
-        return rs, dt
+        return lone, rs, dt
 
-    rs, dt = asyncio.run(go())
+    lone, rs, dt = asyncio.run(go())
+    line(f"a lone request runs inline on the event loop: {app.info.get('inline')}; its Server-Timing: {lone[-1].headers['server-timing']}")
     line(f"device: {app.info['device']}; 256 concurrent requests in {dt:.3f} s; statuses {sorted({r.status_code for r in rs})}")
     line(f"pinned staging buffers: {len(app.runtime._pinned)}; batches: {app.batcher.batches}")
     line(f"a response's Server-Timing: {rs[-1].headers['server-timing']}\n")
@@ -126,7 +128,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("no CUDA device: run this on a GPU machine")
     line(f"# GPU check ({time.strftime('%Y-%m-%d')})\n")
-    line(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.python_version()}\n")
+    line(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.python_version()}")
+    line(f"stages in C (servescope._speedups): {servescope.timing.SPEEDUPS}\n")
     for check in (timing_check, probes_check, rule_check, serve_check):
         try:
             check()
