@@ -178,11 +178,13 @@ static PyTypeObject StageBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* self_times(spans, root) -> (stage -> self ns, ns the top-level stages cover, closed count)
- * for wall-clock marks (ints), at the end of a request: timing.Trace._self_times' loop, walking
+/* self_times(spans, root, release=True) -> (stage -> self ns, ns the top-level stages cover,
+ * closed count) for wall-clock marks (ints), at the end of a request (or mid-request for a
+ * header, release=False): timing.Trace._self_times' loop, walking
  * the spans backwards so that a span's children are summed before it. Child sums live in a
  * small table keyed by span (not in the span lists), self times in one keyed by name object,
- * folded into the dict once at the end; each closed span drops its reference to the trace. */
+ * folded into the dict once at the end; with release, each closed span drops its reference to
+ * the trace. Nothing in the spans is written otherwise, so it may run any number of times. */
 typedef struct {
     PyObject *key;
     long long value;
@@ -232,11 +234,14 @@ table_slot(Table *t, PyObject *key)
 static PyObject *
 self_times(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "self_times(spans, root) takes two lists");
+    if (nargs < 2 || nargs > 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "self_times(spans, root, release=True) takes two lists");
         return NULL;
     }
     PyObject *spans = args[0], *root = args[1];
+    int release = nargs < 3 ? 1 : PyObject_IsTrue(args[2]);
+    if (release < 0)
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(spans);
     Slot child_small[SMALL], own_small[SMALL];
     Table child = {NULL, 0}, own = {NULL, 0};
@@ -264,7 +269,7 @@ self_times(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         long long mine = d - table_slot(&child, sp)->value; /* its children came later: done */
         table_slot(&child, PyList_GET_ITEM(sp, PARENT))->value += d;
         table_slot(&own, PyList_GET_ITEM(sp, NAME))->value += mine > 0 ? mine : 0;
-        if (PyList_SetItem(sp, TRACE, Py_NewRef(Py_None)) < 0)
+        if (release && PyList_SetItem(sp, TRACE, Py_NewRef(Py_None)) < 0)
             goto done;
     }
     out = PyDict_New();
@@ -366,7 +371,7 @@ static PyMethodDef module_methods[] = {
      "Outside a trace it records nothing and never fails. Stage objects hold no state (the\n"
      "open span lives in the context), so one may be shared, nested and used from many tasks."},
     {"stage_setup", stage_setup, METH_VARARGS, "stage_setup(cache, factory): bind to timing.py's stage cache."},
-    {"self_times", (PyCFunction)(void (*)(void))self_times, METH_FASTCALL, "self_times(spans, root): stage self times of a finished wall-clock trace."},
+    {"self_times", (PyCFunction)(void (*)(void))self_times, METH_FASTCALL, "self_times(spans, root, release=True): stage self times of a wall-clock trace."},
     {NULL, NULL, 0, NULL},
 };
 

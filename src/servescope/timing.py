@@ -311,16 +311,10 @@ class Trace:
         if error is not None and self.error is None:
             self.error = f"{type(error).__name__}: {error}"
         # resolve: stage -> self time, the total, and time in no stage as `other`
+        out, covered, n_closed = self._self_times(release=True)
         if self.clock.name == "wall":
-            if _c_self_times is not None and not self._summed:  # every request's path: in C
-                out, covered, n_closed = _c_self_times(self._spans, root)
-                for name, d in self._added:
-                    out[name] = out.get(name, 0) + d
-            else:
-                out, covered, n_closed = self._self_times(release=True)
             total = root[_END] - root[_START]
         else:
-            out, covered, n_closed = self._self_times(release=True)
             total = self.clock.resolve(root[_START], [root[_END]])[0]
         if total < 0:
             total = 0
@@ -420,6 +414,11 @@ class Trace:
         """
         root = self._root
         assert root is not None  # guarded by the callers
+        if _c_self_times is not None and self.clock.name == "wall" and not self._summed:
+            out, covered, n_closed = _c_self_times(self._spans, root, release)  # writes no sums
+            for name, d in self._added:
+                out[name] = out.get(name, 0) + d
+            return out, covered, n_closed
         if not release or self._summed:  # a header summed them before: start again from zero
             root[_CHILD] = 0
             for sp in self._spans:
