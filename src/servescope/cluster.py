@@ -29,7 +29,7 @@ from .bench import (
     run_level,
 )
 from .exceptions import ConfigError, require
-from .loadgen import Result
+from .loadgen import Result, ok_latencies_ms
 from .report import Report
 
 __all__ = ["connect", "run_bench_ray", "split_level"]
@@ -111,8 +111,7 @@ def _share(total: int | None, index: int, parts: int) -> int | None:
 class LoadGeneratorActor:
     """One generator (a Ray actor with two threads: one runs the load, one can stop it)."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __init__(self) -> None:
         self.state: dict[str, Any] = {"gen": None}
         self.loop: Any = None
         self.seen = 0  # results already reported by progress()
@@ -166,7 +165,7 @@ class LoadGeneratorActor:
         n = len(results)
         window = results[self.seen : n]
         self.seen = n
-        ok = [(r[2] - min(r[0], r[1])) / 1e6 for r in window if r[5] is None and r[3] < 400]
+        ok = ok_latencies_ms(window)
         return n, len(window) - len(ok), ok
 
     def stop(self) -> None:
@@ -197,7 +196,7 @@ def run_bench_ray(
 
     say = say or (lambda _: None)
     actor_cls = ray.remote(num_cpus=1, max_concurrency=3)(LoadGeneratorActor)  # run, progress, stop
-    actors = [actor_cls.options(scheduling_strategy="SPREAD").remote(i) for i in range(generators)]
+    actors = [actor_cls.options(scheduling_strategy="SPREAD").remote() for _ in range(generators)]
     reports: list[Report] = []
     try:
         nodes = ray.get([a.where.remote() for a in actors], timeout=300)

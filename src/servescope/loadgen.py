@@ -26,7 +26,7 @@ import httptools
 
 from .exceptions import ConfigError
 
-__all__ = ["LoadGenerator", "Result", "Target", "build_requests", "error_kind", "schedule"]
+__all__ = ["LoadGenerator", "Result", "Target", "build_requests", "error_kind", "ok_latencies_ms", "schedule"]
 
 _EARLY_NS = 200_000
 
@@ -42,6 +42,11 @@ def error_kind(result: Result) -> str | None:
     if result[3] >= 400:
         return f"HTTP {result[3]}"
     return None
+
+
+def ok_latencies_ms(results: list[Result]) -> list[float]:
+    """The successes' latencies (ms, from the earlier of schedule and send), for live views."""
+    return [(r[2] - min(r[0], r[1])) / 1e6 for r in results if r[5] is None and r[3] < 400]
 
 
 @dataclass(frozen=True)

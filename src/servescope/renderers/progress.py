@@ -9,6 +9,8 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..loadgen import ok_latencies_ms
+
 
 class BenchProgress:
     """Feeds a rich progress bar from the generator's results, four times a second."""
@@ -46,7 +48,7 @@ class BenchProgress:
         n = len(results)
         window = results[self._seen.get(label, 0) : n]
         self._seen[label] = n
-        ok = [(r[2] - min(r[0], r[1])) / 1e6 for r in window if r[5] is None and r[3] < 400]
+        ok = ok_latencies_ms(window)
         self.show(label, n, len(window) - len(ok), ok)
 
     def show(self, label: str, requests: int, new_errors: int, ok_ms: list[float]) -> None:
