@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 
 import httpx
 import pytest
@@ -87,6 +88,30 @@ def test_streaming_responses_are_timed_to_the_last_chunk():
     assert "receive" not in rep.stages or rep.stages["receive"]["max_ms"] < 1.0  # no disconnect wait
 
 
+def test_a_streamed_body_from_a_decorated_generator_counts_its_stage():
+    @servescope.stage("postprocess")
+    def lines():  # a plain generator: Starlette iterates it in its thread pool
+        for i in range(3):
+            time.sleep(0.005)
+            yield f"{i}\n"
+
+    @servescope.stage("postprocess")
+    async def alines():
+        for i in range(3):
+            time.sleep(0.005)  # CPU-bound work making each chunk
+            yield f"{i}\n"
+
+    app = FastAPI()
+    app.get("/sync")(lambda: StreamingResponse(lines()))
+    app.get("/async")(lambda: StreamingResponse(alines()))
+    mw = ServescopeMiddleware(app)
+    for path in ("/sync", "/async"):
+        assert asyncio.run(call(mw, "GET", path)).text == "0\n1\n2\n"
+    rep = mw.recorder.report()
+    assert rep.stages["postprocess"]["count"] == 2
+    assert rep.stages["postprocess"]["p50_ms"] >= 14.0  # three 5 ms chunks each, not the generator's creation
+
+
 def test_background_tasks_still_run_after_the_trace_ends():
     app = fastapi_app()
     mw = ServescopeMiddleware(app)
@@ -165,6 +190,34 @@ def test_wsgi_request_gets_a_trace_a_header_and_a_record(tmp_path):
     assert "send" in rep.stages
     lines = log.getvalue().splitlines()
     assert len(lines) == 2 and b'"path":"/predict"' in lines[0] and b'"status":200' in lines[0]
+
+
+def test_a_wsgi_streamed_body_runs_in_the_request_and_its_writes_are_send():
+    @servescope.stage("postprocess")
+    def lines():
+        for i in range(3):
+            time.sleep(0.005)
+            yield f"{i}\n"
+
+    @servescope.stage("postprocess")
+    def broken():
+        yield "0\n"
+        raise RuntimeError("stream broke")
+
+    app = Flask(__name__)
+    app.add_url_rule("/stream", "stream", lambda: app.response_class(lines(), mimetype="text/plain"))
+    app.add_url_rule("/broken", "broken", lambda: app.response_class(broken(), mimetype="text/plain"))
+    app.wsgi_app = mw = ServescopeWSGIMiddleware(app.wsgi_app)
+    client = app.test_client()
+    r = client.get("/stream")
+    assert r.data == b"0\n1\n2\n"
+    r.close()
+    stages = mw.recorder.report().stages
+    assert stages["postprocess"]["p50_ms"] >= 14.0  # the chunks were made inside the request
+    assert stages["send"]["p50_ms"] < stages["postprocess"]["p50_ms"]  # making them is not sending them
+    with pytest.raises(RuntimeError, match="stream broke"):
+        client.get("/broken").data
+    assert mw.recorder.report().errors == {"RuntimeError": 1}
 
 
 def test_wsgi_failure_is_recorded():

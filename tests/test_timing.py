@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import os
 import subprocess
 import sys
@@ -78,6 +79,123 @@ def test_decorator_on_sync_and_async_functions(clock):
     t, y = asyncio.run(handler())
     assert y == 4
     assert t.durations_ms == pytest.approx({"preprocess": 2.0, "infer": 3.0})
+
+
+def test_a_decorated_generator_times_each_item_it_makes_not_the_consumer(clock):
+    @stage("postprocess")
+    def tokens(n):
+        for i in range(n):
+            clock.advance(2)  # making an item
+            yield i
+        clock.advance(1)  # the end
+        return "done"
+
+    assert inspect.isgeneratorfunction(tokens)  # FastAPI's `yield` dependencies check this
+
+    with trace(clock=WallClock(clock.now)) as t:
+        out = []
+        for item in tokens(3):
+            out.append(item)
+            clock.advance(10)  # the consumer (writing the chunk): not the generator's time
+    assert out == [0, 1, 2]
+    assert t.durations_ms == pytest.approx({"postprocess": 7.0, "other": 30.0})
+
+    def consume():
+        return (yield from tokens(1))
+
+    with trace(clock=WallClock(clock.now)):
+        gen = consume()
+        next(gen)
+        with pytest.raises(StopIteration) as stop:
+            next(gen)
+    assert stop.value.value == "done"  # the return value comes through
+
+
+def test_a_decorated_generator_passes_send_throw_and_close_through(clock):
+    log = []
+
+    @stage("postprocess")
+    def echo():
+        try:
+            received = yield "ready"
+            while True:
+                try:
+                    received = yield received * 2
+                except ValueError as exc:
+                    received = yield f"caught {exc}"
+        finally:
+            clock.advance(4)  # clean-up is the generator's work too
+            log.append("closed")
+
+    class Model:
+        @stage("infer")
+        def stream(self, n):
+            yield from range(n)
+
+    with trace(clock=WallClock(clock.now)) as t:
+        gen = echo()
+        assert next(gen) == "ready"
+        assert gen.send(21) == 42
+        assert gen.throw(ValueError("bad chunk")) == "caught bad chunk"
+        assert gen.send(1) == 2
+        gen.close()
+        assert list(Model().stream(2)) == [0, 1]  # methods bind as before
+    assert log == ["closed"]
+    assert t.durations_ms["postprocess"] == pytest.approx(4.0)
+
+    @stage("postprocess")
+    def broken():
+        yield 1
+        raise RuntimeError("stream broke")
+
+    with pytest.raises(RuntimeError, match="stream broke"), trace(clock=WallClock(clock.now)) as t:
+        list(broken())
+    assert t.error == "RuntimeError: stream broke"
+
+
+def test_a_decorated_async_generator_times_each_item(clock):
+    closed = []
+
+    @stage("postprocess")
+    async def tokens(n):
+        try:
+            for i in range(n):
+                clock.advance(2)
+                await asyncio.sleep(0)
+                yield i
+        finally:
+            closed.append(True)
+
+    assert inspect.isasyncgenfunction(tokens)
+
+    async def handler():
+        with trace(clock=WallClock(clock.now)) as t:
+            out = []
+            async for item in tokens(3):
+                out.append(item)
+                clock.advance(10)
+            agen = tokens(5)
+            assert await agen.__anext__() == 0
+            await agen.aclose()  # stopped early: the generator's finally runs
+        return t, out
+
+    t, out = asyncio.run(handler())
+    assert out == [0, 1, 2] and closed == [True, True]
+    assert t.durations_ms == pytest.approx({"postprocess": 8.0, "other": 30.0})
+
+    @stage("postprocess")
+    async def answer():
+        try:
+            yield "ready"
+        except ValueError:
+            yield "recovered"
+
+    async def thrown():
+        agen = answer()
+        await agen.__anext__()
+        return await agen.athrow(ValueError("x"))
+
+    assert asyncio.run(thrown()) == "recovered"
 
 
 def test_async_with_form(clock):

@@ -12,6 +12,7 @@ JSON lines: see exporters.py). With Prometheus among the exporters, ``/metrics``
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import random
 import time
@@ -226,9 +227,16 @@ class ServescopeWSGIMiddleware(_Instrumentation):
             tr.detach()
             self._close(tr, info, exc)
             raise
-        # the body is written after we return, outside this context: time it by hand
+        # the body is written after we return, outside this context: a streamed body's
+        # generator runs in a copy of it (its stages land in this request), the server's
+        # writes are timed by hand
+        ctx = contextvars.copy_context()
         tr.detach()
-        return _TimedBody(result, tr, info, self)
+        return _TimedBody(result, tr, info, self, ctx)
+
+
+_DONE: Any = object()
+
 
 class _TimedInput:
     """``wsgi.input`` whose reads are the ``receive`` stage."""
@@ -256,30 +264,40 @@ class _TimedInput:
 
 
 class _TimedBody:
-    """The response iterable: time between chunks is the server writing them (``send``)."""
+    """The response iterable: each chunk is made in the request's context (a streaming
+    generator's stages count), and the time the server takes to write it is ``send``."""
 
-    def __init__(self, result: Iterable[bytes], tr: Trace, info: RequestInfo, mw: ServescopeWSGIMiddleware) -> None:
+    def __init__(
+        self, result: Iterable[bytes], tr: Trace, info: RequestInfo, mw: ServescopeWSGIMiddleware, ctx: contextvars.Context
+    ) -> None:
         self._result = result
         self._tr = tr
         self._info = info
         self._mw = mw
+        self._ctx = ctx
         self._send_ns = 0
         self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
-        mark = None
-        for chunk in self._result:
-            if mark is not None:
-                self._send_ns += time.perf_counter_ns() - mark
-            yield chunk
-            mark = time.perf_counter_ns()
-        if mark is not None:
-            self._send_ns += time.perf_counter_ns() - mark
+        chunks = iter(self._result)
+        run = self._ctx.run
+        now = time.perf_counter_ns
+        while True:
+            try:
+                chunk = run(next, chunks, _DONE)
+            except BaseException as exc:  # the stream broke off: a failed request
+                self.close(exc)
+                raise
+            if chunk is _DONE:
+                break
+            t0 = now()
+            yield chunk  # the server writes it
+            self._send_ns += now() - t0
         # the body is out: end the request here too, since some servers (uvicorn's WSGI
         # adapter) never call close() as PEP 3333 asks
         self.close()
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         if self._closed:
             return
         self._closed = True
@@ -289,4 +307,4 @@ class _TimedBody:
                 close()
         finally:
             self._tr.add("send", self._send_ns / 1e6)
-            self._mw._close(self._tr, self._info, None)
+            self._mw._close(self._tr, self._info, error)
