@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import random
 import threading
 
+import numpy as np
+import pytest
+
 from servescope import Distribution, Recorder
+from servescope import recorder as recorder_module
 
 
 def test_recording_from_many_threads_loses_nothing():
@@ -30,3 +35,39 @@ def test_failed_requests_count_but_stay_out_of_latency():
     rec.record_durations({}, 50.0, error="HTTP 503")
     assert len(rec) == 2 and len(rec.latency) == 1 and rec.errors == {"HTTP 503": 1}
     assert rec.first_ms == 3.0
+
+
+def test_requests_with_different_stage_sets_each_land_in_their_stages():
+    rec = Recorder()
+    rec.record_ns({"preprocess": 1_000_000, "infer": 4_000_000}, 6_000_000)
+    rec.record_ns({"infer": 2_000_000, "preprocess": 3_000_000}, 5_500_000)  # same names, other order
+    rec.record_ns({"infer": 8_000_000, "serialize": 500_000}, 9_000_000)
+    rec.record_ns({}, 250_000)  # a request that ran no stage
+    rec.record_ns({"infer": 1_000_000}, 7_000_000, error="RuntimeError: boom")
+    assert sorted(rec.stages["infer"].values()) == [2.0, 4.0, 8.0]
+    assert sorted(rec.stages["preprocess"].values()) == [1.0, 3.0]
+    assert rec.stages["serialize"].values().tolist() == [0.5]
+    assert sorted(rec.latency.values()) == [0.25, 5.5, 6.0, 9.0]
+    assert rec.errors == {"RuntimeError": 1}
+
+
+def test_the_c_fold_matches_the_python_reference():
+    if recorder_module._fold_rows is None:
+        pytest.skip("the C extension is not built")
+    rng = random.Random(7)
+    sets = [("receive", "infer", "other"), ("infer", "receive", "other"), ("queue", "infer", "send"), ()]
+    rows = []
+    for _ in range(3000):
+        names = rng.choice(sets)
+        durations = {n: rng.randrange(0, 10**10) for n in names}
+        error = "HTTP 500" if rng.random() < 0.1 else None
+        rows.append((durations, rng.randrange(0, 10**10), error, 1.5))
+    c_totals, c_groups, c_failed = recorder_module._c_columns(rows)
+    p_totals, p_groups, p_failed = recorder_module._py_columns(rows)
+    assert np.array_equal(c_totals, p_totals) and c_failed == p_failed
+    p_groups = [(keys, cols) for keys, cols in p_groups if keys]
+    assert [k for k, _ in c_groups] == [k for k, _ in p_groups]
+    for (_, c), (_, p) in zip(c_groups, p_groups):
+        assert np.array_equal(c, p)
+    with pytest.raises(TypeError, match="rows"):
+        recorder_module._fold_rows([("not", "a", "row")])

@@ -344,12 +344,14 @@ def test_stages_enter_and_exit_in_c_where_the_extension_builds():
 
     if sys.platform.startswith("linux") and not os.environ.get("SERVESCOPE_NO_SPEEDUPS"):  # `make test` builds it
         assert timing.SPEEDUPS and timing.Stage.__mro__[1].__module__ == "servescope._speedups"
+        assert timing.Trace.__mro__[1].__module__ == "servescope._speedups"
 
 
 def test_the_pure_python_stages_pass_the_same_tests(tmp_path):
-    """The fallback (no compiler, or SERVESCOPE_NO_SPEEDUPS=1) is held to the same behaviour."""
+    """The fallback (no compiler, or SERVESCOPE_NO_SPEEDUPS=1) is held to the same behaviour:
+    stages, traces and the recorder's fold."""
     env = {**os.environ, "SERVESCOPE_NO_SPEEDUPS": "1"}
-    files = [str(Path(__file__).parent / name) for name in ("test_timing.py", "test_cuda_timing.py", "test_middleware.py")]
+    files = [str(Path(__file__).parent / name) for name in ("test_timing.py", "test_cuda_timing.py", "test_middleware.py", "test_recorder.py")]
     p = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not pure_python", *files],
         env=env, capture_output=True, text=True, timeout=300,

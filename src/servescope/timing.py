@@ -151,13 +151,15 @@ try:
     from ._speedups import setup as _setup_speedups
     from ._speedups import stage as _c_stage
     from ._speedups import stage_setup as _c_stage_setup
+    from ._speedups import fold_rows as _fold_rows
+    from ._speedups import trace_setup as _c_trace_setup
 
     _setup_speedups(_current, time.perf_counter_ns)
     #: True when stages enter and exit in C (the ``_speedups`` extension was built)
     SPEEDUPS = True
 except ImportError:
     _StageBase = _PyStageBase  # type: ignore[assignment,misc]
-    _c_self_times = _c_stage = _c_stage_setup = None
+    _c_self_times = _c_stage = _c_stage_setup = _c_trace_setup = _fold_rows = None
     SPEEDUPS = False
 
 
@@ -301,13 +303,10 @@ if _c_stage is not None:  # the same lookup in C: one call fewer on every stage
     stage = _c_stage  # noqa: F811
 
 
-class Trace:
-    """One request's stages. Use ``servescope.trace()`` to open one.
-
-    After the trace closes: ``durations_ms`` (stage -> self time, report order, ``other`` for
-    time outside every stage), ``total_ms``, ``error`` (``"TypeName: message"`` when the block
-    raised) and ``start_time`` (epoch seconds).
-    """
+class _PyTraceBase:
+    """A trace's life in Python: the reference for ``_speedups.TraceBase`` (C, which runs
+    this ``stop`` for what it does not handle itself: device clocks, added stages, a trace
+    summed for a header), and what runs where the extension is not built."""
 
     __slots__ = (
         "clock",
@@ -344,11 +343,11 @@ class Trace:
         self.durations_ns: dict[str, int] = {}
         self.total_ns: int | None = None
         self.error: str | None = None
+        self.start_time: float | None = None
         self.open_stages = 0
         self._summed = False
 
-    # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> Trace:
+    def start(self) -> Any:
         """Open the trace in the current context (``with`` does this for you)."""
         if self._root is not None:
             raise ConfigError("this trace was already started: open a new servescope.trace() per request")
@@ -357,7 +356,9 @@ class Trace:
         self._token = _current.set(self._root)
         return self
 
-    def stop(self, error: BaseException | None = None) -> Trace:
+    __enter__ = start
+
+    def stop(self, error: BaseException | None = None) -> Any:
         """End the request's clock now (its response is out), resolve, and hand it to the recorder.
 
         The trace stays attached to its context until ``detach()``; ``finish()`` does both.
@@ -371,7 +372,7 @@ class Trace:
         if error is not None and self.error is None:
             self.error = f"{type(error).__name__}: {error}"
         # resolve: stage -> self time, the total, and time in no stage as `other`
-        out, covered, n_closed = self._self_times(release=True)
+        out, covered, n_closed = self._self_times(release=True)  # type: ignore[attr-defined]
         if self.clock.name == "wall":
             total = root[_END] - root[_START]
         else:
@@ -404,13 +405,6 @@ class Trace:
         if root is not None and root[_END] is not None:
             root[_TRACE] = None
 
-    def finish(self, error: BaseException | None = None) -> Trace:
-        """Close the trace: ``stop()`` then ``detach()``."""
-        self.__exit__(None, error, None)
-        return self
-
-    __enter__ = start
-
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.stop(exc)
         token, self._token = self._token, None
@@ -420,6 +414,31 @@ class Trace:
             except ValueError:
                 pass
             self._root[_TRACE] = None  # type: ignore[index]
+
+
+if _c_stage is not None:
+    from ._speedups import TraceBase as _TraceBase
+
+    _c_trace_setup(_WALL, resolve_clock, time.time, ConfigError, _PyTraceBase.stop)
+else:
+    _TraceBase = _PyTraceBase  # type: ignore[assignment,misc]
+
+
+class Trace(_TraceBase):  # type: ignore[valid-type,misc]
+    """One request's stages. Use ``servescope.trace()`` to open one:
+    ``trace(*, cuda="auto", clock=None, recorder=None)``.
+
+    After the trace closes: ``durations_ms`` (stage -> self time, report order, ``other`` for
+    time outside every stage), ``total_ms``, ``error`` (``"TypeName: message"`` when the block
+    raised) and ``start_time`` (epoch seconds).
+    """
+
+    __slots__ = ()
+
+    def finish(self, error: BaseException | None = None) -> Trace:
+        """Close the trace: ``stop()`` then ``detach()``."""
+        self.__exit__(None, error, None)
+        return self
 
     async def __aenter__(self) -> Trace:
         return self.start()
