@@ -328,6 +328,16 @@ def test_a_trace_cannot_start_twice_or_finish_unstarted():
         t.start()
 
 
+def test_trace_takes_keyword_arguments_and_says_so():
+    params = inspect.signature(servescope.trace).parameters
+    assert list(params) == ["cuda", "clock", "recorder"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    with pytest.raises(TypeError):
+        trace("events")  # positional: refused, not taken as something else
+    with pytest.raises(TypeError, match="bogus"):
+        trace(bogus=1)
+
+
 def test_unknown_cuda_mode_is_a_clear_error():
     with pytest.raises(ConfigError, match="cuda must be"):
         trace(cuda="fast")  # type: ignore[arg-type]

@@ -434,6 +434,8 @@ class Trace(_TraceBase):  # type: ignore[valid-type,misc]
     """
 
     __slots__ = ()
+    # the C __init__ has no signature of its own: help() and IDEs read this one
+    __signature__ = inspect.Signature(list(inspect.signature(_PyTraceBase.__init__).parameters.values())[1:])
 
     def finish(self, error: BaseException | None = None) -> Trace:
         """Close the trace: ``stop()`` then ``detach()``."""
