@@ -1,9 +1,11 @@
-/* servescope._speedups: a stage's enter and exit in C.
+/* servescope._speedups: the per-request hot path in C.
  *
- * The same logic as timing.Stage.__enter__/__exit__ (the pure-Python fallback, which stays the
- * reference), on the same span lists and the same ContextVar: a span is the list
- * [name, start, end, parent, trace, token, child_ns]. What C saves is the interpreter's
- * frames and attribute lookups on the hot path; the clock is the trace's own `_mark`, except
+ * A stage's enter and exit (StageBase), a trace's life (TraceBase), the end-of-request
+ * self-time pass (self_times) and the recorder's fold into columns (fold_rows). Each has a
+ * pure-Python twin in timing.py / recorder.py that stays the reference and the fallback, and
+ * works on the same data: a span is the list [name, start, end, parent, trace, token,
+ * child_ns] and the current span lives in the same ContextVar. What C saves is the
+ * interpreter's frames and attribute lookups; the clock is the trace's own `_mark`, except
  * that on Linux the wall clock (time.perf_counter_ns, which is CLOCK_MONOTONIC there) is read
  * directly.
  */
