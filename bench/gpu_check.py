@@ -3,7 +3,7 @@
     python bench/gpu_check.py > docs/gpu-check.md
 
 Checks: (1) CUDA-event stage timing charges a kernel to the stage that launched it, while
-host clocks charge it to the stage that synchronises; (2) the doctor's probes count real
+host clocks charge it to the stage that synchronises, and what each clock costs per request; (2) the doctor's probes count real
 host<->device copies, pinned sources and sync points; (3) the model-not-on-accelerator rule
 fires for a CPU model when a GPU is there; (4) servescope.serve runs on the GPU with pinned
 staging buffers and batches concurrent requests.
@@ -47,6 +47,24 @@ def timing_check() -> None:
         med = {k: sorted(r.get(k, 0.0) for r in rows)[2] for k in ("infer", "to_host")}
         line(f"| {mode} | {med['infer']:.3f} | {med['to_host']:.3f} |")
     line("\nExpected: `wall` shows a tiny infer and a large to_host; `events` and `sync` agree on a large infer.\n")
+
+
+def overhead_check() -> None:
+    line("## 1b. What a traced request costs the host, per clock (8 empty stages)\n")
+    names = ("validate", "preprocess", "to_device", "infer", "to_host", "postprocess", "serialize", "send")
+    line("| clock | us per request |\n|---|---|")
+    for mode in ("wall", "events", "sync"):
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(500):
+                with trace(cuda=mode):
+                    for name in names:
+                        with stage(name):
+                            pass
+            best = min(best, (time.perf_counter() - t0) / 500 * 1e6)
+        line(f"| {mode} | {best:.1f} |")
+    line("\nEvents cost two CUDA event records per stage and one read each at the end.\n")
 
 
 def probes_check() -> None:
@@ -130,7 +148,7 @@ def main() -> None:
     line(f"# GPU check ({time.strftime('%Y-%m-%d')})\n")
     line(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.python_version()}")
     line(f"stages in C (servescope._speedups): {servescope.timing.SPEEDUPS}\n")
-    for check in (timing_check, probes_check, rule_check, serve_check):
+    for check in (timing_check, overhead_check, probes_check, rule_check, serve_check):
         try:
             check()
         except Exception as exc:  # one failing check must not hide the others
