@@ -54,6 +54,18 @@ def test_metrics_scrape_cleanly_with_sub_millisecond_buckets():
     assert "server-timing" not in r.headers  # /metrics itself is not traced
 
 
+def test_prometheus_label_values_stay_bounded_when_names_are_made_per_request():
+    prom = PrometheusExporter(max_stage_names=2)
+    for i in range(20):
+        prom.observe({f"user_{i}": 1_000_000, "infer": 2_000_000}, 3_000_000, 200)
+    body, _ = prom.exposition()
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    counts = {
+        s.labels["stage"]: s.value for s in families["servescope_stage_seconds"].samples if s.name.endswith("_count")
+    }
+    assert counts == {"user_0": 1, "user_1": 1, "infer": 20, "(more stages)": 18}
+
+
 def test_otel_spans_nest_and_reuse_the_trace_timestamps(clock):
     memory = InMemorySpanExporter()
     provider = TracerProvider()

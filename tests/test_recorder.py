@@ -71,3 +71,43 @@ def test_the_c_fold_matches_the_python_reference():
         assert np.array_equal(c, p)
     with pytest.raises(TypeError, match="rows"):
         recorder_module._fold_rows([("not", "a", "row")])
+
+
+def test_stage_names_made_per_request_stay_bounded(caplog):
+    rec = Recorder(max_stage_names=3)
+    with caplog.at_level("WARNING", logger="servescope"):
+        for i in range(50):
+            rec.record_ns({f"infer_{i}": 1_000_000, f"decode_{i}": 500_000, "infer": 2_000_000}, 4_000_000)
+    stages = rec.stages
+    assert set(stages) == {"infer_0", "decode_0", "infer_1", "infer", "(more stages)"}
+    assert len(stages["(more stages)"]) == 49  # one sample per request: its folded stages summed
+    assert sorted(stages["(more stages)"].values()) == [0.5] + [1.5] * 48  # request 1 kept infer_1 apart
+    assert len(stages["infer"]) == 50  # the canonical names are always kept apart
+    assert sum("counted together" in r.getMessage() for r in caplog.records) == 1
+    rep = rec.report()
+    assert rep.extra["folded_stage_names"] == {
+        "limit": 3, "examples": ["decode_1", "infer_2", "decode_2", "infer_3", "decode_3"], "into": "(more stages)",
+    }  # fmt: skip
+    from servescope import Report
+    from servescope.renderers.terminal import render_terminal
+
+    assert Report.from_json(rep.to_json()).extra["folded_stage_names"]["limit"] == 3
+    assert "counted together as '(more stages)'" in render_terminal(rep)
+
+
+def test_a_delta_keeps_the_same_names_apart():
+    rec = Recorder(max_stage_names=1, deltas=True)
+    rec.record_ns({"tokenize": 1_000_000}, 2_000_000)
+    rec.take_delta()
+    rec.record_ns({"tokenize": 1_000_000, "detokenize": 3_000_000}, 5_000_000)
+    delta = rec.take_delta()
+    assert set(delta.stages) == {"tokenize", "(more stages)"}
+    assert set(rec.report().stages) == set(delta.stages)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True])
+def test_a_bad_stage_name_limit_is_refused(bad):
+    from servescope.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="max_stage_names"):
+        Recorder(max_stage_names=bad)

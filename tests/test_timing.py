@@ -394,3 +394,20 @@ def test_stages_survive_pickling_as_the_shared_stage(clock):
         with s:
             clock.advance(1.0)
     assert t.durations_ms == pytest.approx({"decode": 1.0})
+
+
+def test_stage_objects_made_per_request_are_not_cached_without_bound(clock):
+    from servescope import timing
+
+    try:
+        for i in range(timing._MAX_SHARED + 100):
+            stage(f"dynamic_{i}")
+        assert len(timing._STAGES) <= timing._MAX_SHARED
+        name = f"dynamic_{timing._MAX_SHARED + 50}"
+        with trace(clock=WallClock(clock.now)) as t:
+            with stage(name):  # uncached: still timed
+                clock.advance(2)
+        assert t.durations_ms == {name: 2.0}
+    finally:
+        for key in [k for k in timing._STAGES if k.startswith("dynamic_")]:
+            del timing._STAGES[key]

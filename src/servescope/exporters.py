@@ -14,6 +14,7 @@ from typing import IO, Any, Sequence
 import orjson
 
 from .exceptions import ConfigError, require
+from .recorder import MORE_STAGES, StageNames
 from .timing import Trace
 
 __all__ = ["JsonLinesExporter", "OpenTelemetryExporter", "PrometheusExporter", "RecorderCollector", "STAGE_BUCKETS"]
@@ -44,8 +45,10 @@ class PrometheusExporter:
         registry: Any = None,
         prefix: str = "servescope",
         buckets: Sequence[float] = STAGE_BUCKETS,
+        max_stage_names: int = 256,
     ) -> None:
         prom = require("prometheus_client", "prometheus", "PrometheusExporter needs it.")
+        self._names = StageNames(max_stage_names, "PrometheusExporter")  # bounded label values
         if list(buckets) != sorted(buckets) or not buckets:
             raise ConfigError(f"buckets must be a non-empty increasing sequence of seconds, got {buckets!r}")
         self._prom = prom
@@ -69,11 +72,17 @@ class PrometheusExporter:
     def observe(self, durations_ns: dict[str, int], total_ns: int | None, status: int | None) -> None:
         """Record one request's stages (ns), total and response status."""
         children = self._children
+        more = 0
         for name, ns in durations_ns.items():
             child = children.get(name)
             if child is None:
+                if not self._names.admit(name):
+                    more += ns
+                    continue
                 child = children[name] = self.stage_seconds.labels(name)
             child.observe(ns / 1e9)
+        if more:
+            self.stage_seconds.labels(MORE_STAGES).observe(more / 1e9)
         if total_ns is not None:
             self.request_seconds.observe(total_ns / 1e9)
         self.requests.labels(str(status) if status is not None else "error").inc()

@@ -4,20 +4,63 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import math
 import threading
 from typing import Any, Mapping
 
 import numpy as np
 
-from .exceptions import RecordError
+from .exceptions import ConfigError, RecordError
 from .report import Report
 from .stats import Distribution
-from .timing import Trace, _fold_rows
+from .timing import OTHER, STAGE_ORDER, Trace, _fold_rows
 
-__all__ = ["Recorder"]
+__all__ = ["MORE_STAGES", "Recorder"]
 
 _FOLD_EVERY = 1024
+log = logging.getLogger("servescope")
+
+#: Where stage names past a recorder's (or exporter's) ``max_stage_names`` are counted together.
+MORE_STAGES = "(more stages)"
+_ALWAYS_KEPT = frozenset((*STAGE_ORDER, OTHER, MORE_STAGES))
+
+
+class StageNames:
+    """Which stage names a sink keeps apart: the canonical ones, ``other``, and up to ``limit``
+    names of the user's own. Past that, new names count together as ``MORE_STAGES`` (stage
+    names are meant to be a fixed set: a name made per request, ``f"infer_{id}"``, would
+    otherwise grow memory without bound), with one warning that shows a few of them."""
+
+    def __init__(self, limit: int, sink: str) -> None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ConfigError(f"max_stage_names must be an integer >= 0, got {limit!r}")
+        self.limit = limit
+        self.sink = sink
+        self.kept: set[str] = set()  # the user's own names kept apart (at most limit)
+        self.folded: list[str] = []  # the first few names counted as MORE_STAGES
+
+    def admit(self, name: str) -> bool:
+        """Keep this name apart (True), or count it under ``MORE_STAGES`` (False)."""
+        if name in _ALWAYS_KEPT or name in self.kept:
+            return True
+        if len(self.kept) < self.limit:
+            self.kept.add(name)
+            return True
+        if len(self.folded) < 5 and name not in self.folded:
+            self.folded.append(name)
+            if len(self.folded) == 1:
+                log.warning(
+                    "servescope: %s keeps %d stage names of your own apart; later ones (first: %r) are "
+                    "counted together as %r. Stage names should be a fixed set: put ids elsewhere, "
+                    "or raise max_stage_names.",
+                    self.sink, self.limit, name, MORE_STAGES,
+                )  # fmt: skip
+        return False
+
+    def summary(self) -> dict[str, Any] | None:
+        """For a report: the limit and the first names folded, or None when none was."""
+        return {"limit": self.limit, "examples": list(self.folded), "into": MORE_STAGES} if self.folded else None
 
 
 Row = tuple[dict[str, int], int, "str | None", "float | None"]
@@ -75,8 +118,16 @@ class Recorder:
     then become a sketch with bounded memory.
     """
 
-    def __init__(self, *, exact_limit: int = 100_000, keep_samples: int = 10_000, deltas: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        exact_limit: int = 100_000,
+        keep_samples: int = 10_000,
+        deltas: bool = False,
+        max_stage_names: int = 256,
+    ) -> None:
         self.exact_limit = exact_limit
+        self._names = StageNames(max_stage_names, "this Recorder")
         self.keep_samples = keep_samples
         self._latency = Distribution(exact_limit=exact_limit)
         self._error_latency = Distribution(exact_limit=exact_limit)
@@ -146,11 +197,20 @@ class Recorder:
                 self._error_latency.add(total / 1e6)
             self._latency.extend(totals)
             for keys, columns in groups:
+                more = None
                 for j, name in enumerate(keys):
                     dist = self._stages.get(name)
                     if dist is None:
+                        if not self._names.admit(name):  # one MORE_STAGES sample per request
+                            more = columns[:, j] if more is None else more + columns[:, j]
+                            continue
                         dist = self._stages[name] = Distribution(exact_limit=self.exact_limit)
                     dist.extend(columns[:, j])
+                if more is not None:
+                    dist = self._stages.get(MORE_STAGES)
+                    if dist is None:
+                        dist = self._stages[MORE_STAGES] = Distribution(exact_limit=self.exact_limit)
+                    dist.extend(more)
 
     @property
     def samples(self) -> list[dict[str, Any]]:
@@ -180,7 +240,12 @@ class Recorder:
                 error_latency=self._error_latency if len(self._error_latency) else None,
                 samples=self._samples_locked(),
                 meta=meta,
+                extra=self._extra(),
             )
+
+    def _extra(self) -> dict[str, Any]:
+        folded = self._names.summary()
+        return {} if folded is None else {"folded_stage_names": folded}
 
     def take_delta(self, **meta: Any) -> Report | None:
         """What was recorded since the previous call, as a Report with its distributions (None
@@ -193,7 +258,9 @@ class Recorder:
             rows, self._unsent = self._unsent, []
         if not rows:
             return None
-        part = Recorder(exact_limit=self.exact_limit, keep_samples=0)
+        part = Recorder(exact_limit=self.exact_limit, keep_samples=0, max_stage_names=self._names.limit)
+        part._names.kept = set(self._names.kept)  # the same names apart, the same folded
+        part._names.folded = list(self._names.folded)
         part._pending.extend(rows)
         return part.report(**meta)
 

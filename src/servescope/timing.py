@@ -291,10 +291,17 @@ def _shared_stage(name: str) -> Stage:
     return stage(name)
 
 
+#: Stage objects shared per name, up to this many names (a name made per request,
+#: ``stage(f"infer_{id}")``, still works, uncached: the cache must not grow without bound)
+_MAX_SHARED = 4096
+
+
 def _new_stage(name: object) -> Stage:
     if type(name) is not str or not name:
         raise _bad_name(name)
-    s = _STAGES[name] = Stage(name)
+    s = Stage(name)
+    if len(_STAGES) < _MAX_SHARED:
+        _STAGES[name] = s
     return s
 
 

@@ -113,6 +113,16 @@ def _headline(report: Report) -> list[Text]:
         lines.append(Text(report.extra["scaling_note"]))
     for err in report.extra.get("endpoint_errors") or []:
         lines.append(Text(f"The endpoint failed: {err}", style="red"))
+    folded = report.extra.get("folded_stage_names")
+    if folded:
+        examples = ", ".join(repr(n) for n in folded.get("examples", []))
+        lines.append(
+            Text(
+                f"More than {folded.get('limit')} stage names of your own: later ones ({examples} ...) are counted "
+                f"together as {folded.get('into')!r}. Stage names should be a fixed set: put ids elsewhere.",
+                style="yellow",
+            )
+        )
     if report.errors:
         n = sum(report.errors.values())
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(report.errors.items(), key=lambda kv: -kv[1]))
