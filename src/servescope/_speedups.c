@@ -501,59 +501,62 @@ trace_stop_impl(TraceBase *self, PyObject *error)
         PyErr_SetString(config_error, "this trace was never started: use `with servescope.trace():`");
         return NULL;
     }
+    if (!PyList_CheckExact(root) || PyList_GET_SIZE(root) != NFIELDS || !self->wall || self->summed ||
+        self->added == NULL || !PyList_CheckExact(self->added) || PyList_GET_SIZE(self->added) != 0 ||
+        self->spans == NULL || !PyList_CheckExact(self->spans))
+        return PyObject_CallFunctionObjArgs(py_stop, (PyObject *)self, error, NULL);
     if (PyList_GET_ITEM(root, END) != Py_None)
         return Py_NewRef(self);
-    if (!self->wall || self->summed || self->added == NULL || !PyList_CheckExact(self->added) ||
-        PyList_GET_SIZE(self->added) != 0 || !PyList_CheckExact(self->spans))
-        return PyObject_CallFunctionObjArgs(py_stop, (PyObject *)self, error, NULL);
+    Py_INCREF(root); /* held: an error's __str__ below is Python code */
+    PyObject *out = NULL, *result = NULL;
     PyObject *end = mark((PyObject *)self);
     if (end == NULL)
-        return NULL;
+        goto done;
+    long long total = AS_NS(end) - AS_NS(PyList_GET_ITEM(root, START));
     PyList_SetItem(root, END, end); /* steals end */
+    if (PyErr_Occurred())
+        goto done;
+    if (total < 0)
+        total = 0;
     if (error != Py_None && self->error == Py_None) {
         PyObject *text = error_text(error);
         if (text == NULL)
-            return NULL;
+            goto done;
         Py_SETREF(self->error, text);
     }
     long long covered = 0;
     Py_ssize_t closed = 0;
-    PyObject *out = self_times_impl(self->spans, root, 1, &covered, &closed);
+    out = self_times_impl(self->spans, root, 1, &covered, &closed);
     if (out == NULL)
-        return NULL;
-    long long total = AS_NS(end) - AS_NS(PyList_GET_ITEM(root, START));
-    if (PyErr_Occurred()) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    if (total < 0)
-        total = 0;
+        goto done;
     PyObject *total_obj = PyLong_FromLongLong(total);
-    if (total_obj == NULL) {
-        Py_DECREF(out);
-        return NULL;
-    }
+    if (total_obj == NULL)
+        goto done;
     Py_XSETREF(self->total_ns, total_obj);
     if (total > covered) { /* time in no stage */
         PyObject *other = PyLong_FromLongLong(total - covered);
         if (other == NULL || PyDict_SetItem(out, str_other, other) < 0) {
             Py_XDECREF(other);
-            Py_DECREF(out);
-            return NULL;
+            goto done;
         }
         Py_DECREF(other);
     }
-    Py_XSETREF(self->durations_ns, out);
     self->open_stages = PyList_GET_SIZE(self->spans) - closed;
+    Py_XSETREF(self->durations_ns, out);
+    out = NULL;
     if (self->token == NULL || self->token == Py_None) /* break the trace <-> root cycle */
         PyList_SetItem(root, TRACE, Py_NewRef(Py_None));
     if (self->recorder != NULL && self->recorder != Py_None) {
         PyObject *r = PyObject_CallMethodOneArg(self->recorder, str_record, (PyObject *)self);
         if (r == NULL)
-            return NULL;
+            goto done;
         Py_DECREF(r);
     }
-    return Py_NewRef(self);
+    result = Py_NewRef(self);
+done:
+    Py_XDECREF(out);
+    Py_DECREF(root);
+    return result;
 }
 
 static PyObject *

@@ -147,11 +147,12 @@ try:
     if os.environ.get("SERVESCOPE_NO_SPEEDUPS"):
         raise ImportError("turned off by SERVESCOPE_NO_SPEEDUPS")
     from ._speedups import StageBase as _StageBase
+    from ._speedups import TraceBase as _CTraceBase
+    from ._speedups import fold_rows as _fold_rows
     from ._speedups import self_times as _c_self_times
     from ._speedups import setup as _setup_speedups
     from ._speedups import stage as _c_stage
     from ._speedups import stage_setup as _c_stage_setup
-    from ._speedups import fold_rows as _fold_rows
     from ._speedups import trace_setup as _c_trace_setup
 
     _setup_speedups(_current, time.perf_counter_ns)
@@ -209,8 +210,9 @@ class Stage(_StageBase):  # type: ignore[valid-type,misc]
                         except BaseException as exc:  # athrow(): the generator decides
                             thrown, sent = exc, None
                 finally:
-                    with self:
-                        await agen.aclose()
+                    if agen.ag_frame is not None:  # left early: its clean-up is its work too
+                        with self:
+                            await agen.aclose()
 
             return async_generator_wrapper  # type: ignore[return-value]
 
@@ -238,8 +240,9 @@ class Stage(_StageBase):  # type: ignore[valid-type,misc]
                         except BaseException as exc:  # throw(): the generator decides
                             thrown, sent = exc, None
                 finally:
-                    with self:
-                        gen.close()
+                    if gen.gi_frame is not None:  # left early: its clean-up is its work too
+                        with self:
+                            gen.close()
 
             return generator_wrapper  # type: ignore[return-value]
 
@@ -423,10 +426,9 @@ class _PyTraceBase:
             self._root[_TRACE] = None  # type: ignore[index]
 
 
-if _c_stage is not None:
-    from ._speedups import TraceBase as _TraceBase
-
+if SPEEDUPS:
     _c_trace_setup(_WALL, resolve_clock, time.time, ConfigError, _PyTraceBase.stop)
+    _TraceBase = _CTraceBase
 else:
     _TraceBase = _PyTraceBase  # type: ignore[assignment,misc]
 
