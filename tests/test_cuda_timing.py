@@ -26,7 +26,7 @@ def test_host_clock_blames_the_stage_that_synchronises(gpu):
 
 
 def test_cuda_events_charge_kernels_to_the_stage_that_launched_them(gpu):
-    with trace(clock=CudaEventClock(event=gpu.event)) as t:
+    with trace(clock=CudaEventClock(event=gpu.event, now=gpu.now)) as t:
         request(gpu)
         syncs_during_request = gpu.syncs
     assert syncs_during_request == 1  # only the user's own .cpu(): no stall added mid-request
@@ -52,9 +52,32 @@ def test_events_mode_resolves_once_at_the_end(gpu):
         events.append(ev)
         return ev
 
-    with trace(clock=CudaEventClock(event=event)):
+    with trace(clock=CudaEventClock(event=event, now=gpu.now)):
         with stage("infer"):
             gpu.launch(2)
         assert gpu.syncs == 0
     assert len(events) == 4  # trace start/end + stage start/end
     assert gpu.syncs >= 1
+
+
+def test_a_busy_device_at_the_start_stays_in_the_total_as_other(gpu):
+    gpu.launch(3)  # another request's 3 ms kernel is still running when this one starts
+    with trace(clock=CudaEventClock(event=gpu.event, now=gpu.now)) as t:
+        with stage("infer"):
+            gpu.launch(5)
+        with stage("to_host"):
+            gpu.synchronize()
+            gpu.cpu(0.1)
+    assert t.durations_ms["infer"] == pytest.approx(5.0, abs=0.011)  # still the kernel's own time
+    assert t.durations_ms["to_host"] == pytest.approx(0.1)
+    # the client waited 8.1 ms: the 3 ms behind the other kernel are not hidden
+    assert t.total_ms == pytest.approx(8.09, abs=0.02)
+    assert t.durations_ms["other"] == pytest.approx(2.99, abs=0.02)
+
+
+def test_device_work_after_the_host_is_done_counts_in_the_total(gpu):
+    with trace(clock=CudaEventClock(event=gpu.event, now=gpu.now)) as t:
+        with stage("infer"):
+            gpu.launch(4)  # never waited for inside the request
+    assert t.total_ms == pytest.approx(4.0, abs=0.02)  # the device's span, longer than the host's
+    assert t.durations_ms["infer"] == pytest.approx(4.0, abs=0.011)

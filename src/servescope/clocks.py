@@ -13,19 +13,27 @@ from typing import Any, Callable, Protocol
 
 from .exceptions import ConfigError
 
-__all__ = ["Clock", "CudaEventClock", "SyncClock", "WallClock", "resolve_clock"]
-
-
+__all__ = ["Clock", "CudaEventClock", "SyncClock", "WallClock", "resolve_clock", "total_ns"]
 
 
 class Clock(Protocol):
-    """Marks stage boundaries; turns marks into nanoseconds since the trace's first mark."""
+    """Marks stage boundaries; turns marks into nanoseconds since the trace's first mark.
+
+    A clock may also define ``total_ns(start, end)``, the request's whole time between its
+    first and last marks; without it, that is ``resolve(start, [end])[0]``.
+    """
 
     name: str
 
     def mark(self) -> Any: ...
 
     def resolve(self, start: Any, marks: list[Any]) -> list[int]: ...
+
+
+def total_ns(clock: Clock, start: Any, end: Any) -> int:
+    """The request's time between its first and last marks, on the clock's terms."""
+    total = getattr(clock, "total_ns", None)
+    return total(start, end) if total is not None else clock.resolve(start, [end])[0]
 
 
 class WallClock:
@@ -84,28 +92,39 @@ class CudaEventClock:
     lands in the stage that launched it, and the request is never stalled mid-way.
     ``event`` is a factory of objects with ``record()``, ``synchronize()`` and
     ``elapsed_time(other) -> ms`` (``torch.cuda.Event`` by default; a fake in tests).
+
+    A mark is the event and the host time it was recorded at (``now``, ``perf_counter_ns`` by
+    default): the request's total is its host time, or the device's span when the device
+    finished later. When the stream is busy with other work as the request starts (another
+    request's kernels), the events only start counting once the stream reaches them; the
+    host time keeps that wait in the total (as ``other``) instead of hiding it.
     """
 
     name = "events"
 
-    def __init__(self, event: Callable[..., Any] | None = None) -> None:
+    def __init__(self, event: Callable[..., Any] | None = None, now: Callable[[], int] = time.perf_counter_ns) -> None:
         if event is None:
             import torch
 
             event = torch.cuda.Event
         self._event = event
+        self._now = now
 
-    def mark(self) -> Any:
+    def mark(self) -> tuple[Any, int]:
         ev = self._event(enable_timing=True)
         ev.record()
-        return ev
+        return ev, self._now()
 
-    def resolve(self, start: Any, marks: list[Any]) -> list[int]:
+    def resolve(self, start: tuple[Any, int], marks: list[tuple[Any, int]]) -> list[int]:
+        first = start[0]
         out = []
-        for ev in marks:
+        for ev, _ in marks:
             ev.synchronize()  # a no-op for all but the latest: the stream runs in order
-            out.append(round(start.elapsed_time(ev) * 1e6))
+            out.append(round(first.elapsed_time(ev) * 1e6))
         return out
+
+    def total_ns(self, start: tuple[Any, int], end: tuple[Any, int]) -> int:
+        return max(end[1] - start[1], self.resolve(start, [end])[0])
 
     def __repr__(self) -> str:
         return "CudaEventClock()"

@@ -37,6 +37,7 @@ from contextvars import ContextVar
 from typing import Any, Callable, Literal, TypeVar
 
 from .clocks import _WALL, Clock, CudaEventClock, SyncClock, WallClock, resolve_clock
+from .clocks import total_ns as clock_total_ns
 from .exceptions import ConfigError, RecordError, StageError
 
 __all__ = [
@@ -386,7 +387,7 @@ class _PyTraceBase:
         if self.clock.name == "wall":
             total = root[_END] - root[_START]
         else:
-            total = self.clock.resolve(root[_START], [root[_END]])[0]
+            total = clock_total_ns(self.clock, root[_START], root[_END])
         if total < 0:
             total = 0
         self.total_ns = total
