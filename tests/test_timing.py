@@ -349,6 +349,27 @@ def test_auto_mode_uses_host_clock_when_cuda_is_not_initialized():
     assert t.clock.name == "wall"
 
 
+def test_auto_mode_follows_torchs_cuda_state(monkeypatch, gpu):
+    import types
+
+    fake_torch = types.ModuleType("torch")
+    fake_cuda = types.ModuleType("torch.cuda")
+    fake_torch.cuda = fake_cuda
+    fake_cuda.Event = gpu.event
+    state = {"initialized": False, "bad_fork": False}
+    fake_cuda.is_initialized = lambda: state["initialized"] and not state["bad_fork"]
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setitem(sys.modules, "torch.cuda", fake_cuda)
+
+    fake_cuda._initialized = False  # torch imported, CUDA not used (a CPU server)
+    assert trace().clock.name == "wall"
+    fake_cuda._initialized = state["initialized"] = True  # a model moved to the GPU
+    assert trace().clock.name == "events"
+    assert trace(cuda="wall").clock.name == "wall"
+    state["bad_fork"] = True  # a forked worker of a parent that used CUDA: CUDA unusable here
+    assert trace().clock.name == "wall"
+
+
 def test_stages_enter_and_exit_in_c_where_the_extension_builds():
     import servescope.timing as timing
 

@@ -370,6 +370,7 @@ static PyObject *config_error = NULL;  /* exceptions.ConfigError */
 static PyObject *py_stop = NULL;       /* timing._PyTraceBase.stop */
 static PyObject *str_auto = NULL, *str_other = NULL, *str_torch = NULL, *str_record = NULL;
 static PyObject *str_name = NULL, *str_wall = NULL, *str_mark_attr = NULL;
+static PyObject *str_torch_cuda = NULL, *str_initialized = NULL;
 
 #define NONE_IF_NULL(o) ((o) == NULL ? Py_None : (o))
 
@@ -389,9 +390,21 @@ trace_init(TraceBase *self, PyObject *args, PyObject *kwds)
         int is_auto = cuda == str_auto || (PyUnicode_Check(cuda) && PyUnicode_Compare(cuda, str_auto) == 0);
         PyObject *torch = NULL;
         if (is_auto) { /* the common CPU case, decided without a call */
-            torch = PyDict_GetItemWithError(PyImport_GetModuleDict(), str_torch);
+            PyObject *modules = PyImport_GetModuleDict();
+            torch = PyDict_GetItemWithError(modules, str_torch);
             if (torch == NULL && PyErr_Occurred())
                 return -1;
+            PyObject *cuda = torch == NULL ? NULL : PyDict_GetItemWithError(modules, str_torch_cuda);
+            if (cuda == NULL && PyErr_Occurred())
+                return -1;
+            if (cuda != NULL) { /* torch imported, CUDA never initialised: clocks._cuda_initialized's shortcut */
+                PyObject *flag = PyObject_GetAttr(cuda, str_initialized);
+                if (flag == NULL)
+                    PyErr_Clear();
+                else if (flag == Py_False)
+                    torch = NULL;
+                Py_XDECREF(flag);
+            }
         }
         if (is_auto && torch == NULL)
             clock = Py_NewRef(wall_clock);
@@ -976,9 +989,12 @@ PyInit__speedups(void)
     str_name = PyUnicode_InternFromString("name");
     str_wall = PyUnicode_InternFromString("wall");
     str_mark_attr = PyUnicode_InternFromString("mark");
+    str_torch_cuda = PyUnicode_InternFromString("torch.cuda");
+    str_initialized = PyUnicode_InternFromString("_initialized");
     zero = PyLong_FromLong(0);
     if (str_mark == NULL || str_spans == NULL || str_auto == NULL || str_other == NULL || str_torch == NULL ||
-        str_record == NULL || str_name == NULL || str_wall == NULL || str_mark_attr == NULL || zero == NULL)
+        str_record == NULL || str_name == NULL || str_wall == NULL || str_mark_attr == NULL || str_torch_cuda == NULL ||
+        str_initialized == NULL || zero == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)

@@ -137,6 +137,8 @@ def _cuda_initialized() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:  # never imported: CUDA cannot be in use, and we do not import it
         return False
+    if getattr(sys.modules.get("torch.cuda"), "_initialized", None) is False:
+        return False  # torch's own flag: the CPU case without a call (True still asks, for forks)
     try:
         return bool(torch.cuda.is_initialized())
     except Exception:  # a half-imported or stub torch must not break the user's request
