@@ -81,3 +81,29 @@ def test_device_work_after_the_host_is_done_counts_in_the_total(gpu):
             gpu.launch(4)  # never waited for inside the request
     assert t.total_ms == pytest.approx(4.0, abs=0.02)  # the device's span, longer than the host's
     assert t.durations_ms["infer"] == pytest.approx(4.0, abs=0.011)
+
+
+def test_events_that_cannot_be_read_fall_back_to_host_clocks_and_the_request_goes_on(gpu, caplog, monkeypatch):
+    class OtherDeviceEvent:  # an event recorded on a second GPU: torch refuses to compare them
+        def __init__(self, enable_timing=False):
+            self.inner = gpu.event(enable_timing)
+
+        def record(self):
+            self.inner.record()
+
+        def synchronize(self):
+            self.inner.synchronize()
+
+        def elapsed_time(self, other):
+            raise RuntimeError("Both events must be recorded on the same device")
+
+    monkeypatch.setattr(CudaEventClock, "failures", 0)
+    with caplog.at_level("WARNING", logger="servescope"):
+        for _ in range(2):
+            with trace(clock=CudaEventClock(event=OtherDeviceEvent, now=gpu.now)) as t:
+                request(gpu)
+    assert t.error is None  # the request itself is unharmed
+    assert t.durations_ms["to_host"] == pytest.approx(5.09)  # what host clocks see
+    assert t.total_ms == pytest.approx(6.1, abs=0.02)
+    assert CudaEventClock.failures >= 2  # counted, warned about once
+    assert sum("could not be read" in r.getMessage() for r in caplog.records) == 1

@@ -7,11 +7,14 @@ picks one for a trace's ``cuda`` mode.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any, Callable, Protocol
 
 from .exceptions import ConfigError
+
+log = logging.getLogger("servescope")
 
 __all__ = ["Clock", "CudaEventClock", "SyncClock", "WallClock", "resolve_clock", "total_ns"]
 
@@ -101,6 +104,8 @@ class CudaEventClock:
     """
 
     name = "events"
+    #: reads of events that failed in this process (each fell back to host clocks)
+    failures = 0
 
     def __init__(self, event: Callable[..., Any] | None = None, now: Callable[[], int] = time.perf_counter_ns) -> None:
         if event is None:
@@ -117,11 +122,21 @@ class CudaEventClock:
 
     def resolve(self, start: tuple[Any, int], marks: list[tuple[Any, int]]) -> list[int]:
         first = start[0]
-        out = []
-        for ev, _ in marks:
-            ev.synchronize()  # a no-op for all but the latest: the stream runs in order
-            out.append(round(first.elapsed_time(ev) * 1e6))
-        return out
+        try:
+            out = []
+            for ev, _ in marks:
+                ev.synchronize()  # a no-op for all but the latest: the stream runs in order
+                out.append(round(first.elapsed_time(ev) * 1e6))
+            return out
+        except Exception as exc:  # noqa: BLE001 - the user's request must not fail on our timing
+            # events on two devices cannot be compared; a failed kernel makes CUDA calls raise
+            CudaEventClock.failures += 1
+            if CudaEventClock.failures == 1:
+                log.warning(
+                    "servescope: CUDA events could not be read (%s: %s); such requests are timed "
+                    "on host clocks instead", type(exc).__name__, exc,
+                )  # fmt: skip
+            return [host - start[1] for _, host in marks]
 
     def total_ns(self, start: tuple[Any, int], end: tuple[Any, int]) -> int:
         return max(end[1] - start[1], self.resolve(start, [end])[0])
