@@ -372,8 +372,6 @@ static PyObject *str_auto = NULL, *str_other = NULL, *str_torch = NULL, *str_rec
 static PyObject *str_name = NULL, *str_wall = NULL, *str_mark_attr = NULL;
 static PyObject *str_torch_cuda = NULL, *str_initialized = NULL;
 
-#define NONE_IF_NULL(o) ((o) == NULL ? Py_None : (o))
-
 static int
 trace_init(TraceBase *self, PyObject *args, PyObject *kwds)
 {
@@ -394,11 +392,11 @@ trace_init(TraceBase *self, PyObject *args, PyObject *kwds)
             torch = PyDict_GetItemWithError(modules, str_torch);
             if (torch == NULL && PyErr_Occurred())
                 return -1;
-            PyObject *cuda = torch == NULL ? NULL : PyDict_GetItemWithError(modules, str_torch_cuda);
-            if (cuda == NULL && PyErr_Occurred())
+            PyObject *torch_cuda = torch == NULL ? NULL : PyDict_GetItemWithError(modules, str_torch_cuda);
+            if (torch_cuda == NULL && PyErr_Occurred())
                 return -1;
-            if (cuda != NULL) { /* torch imported, CUDA never initialised: clocks._cuda_initialized's shortcut */
-                PyObject *flag = PyObject_GetAttr(cuda, str_initialized);
+            if (torch_cuda != NULL) { /* torch imported, CUDA never initialised: clocks._cuda_initialized's shortcut */
+                PyObject *flag = PyObject_GetAttr(torch_cuda, str_initialized);
                 if (flag == NULL)
                     PyErr_Clear();
                 else if (flag == Py_False)
