@@ -85,6 +85,8 @@ def _py_columns(rows: list[Row]) -> tuple[np.ndarray, list[tuple[tuple[str, ...]
     totals = np.fromiter(ok_totals, dtype=float, count=len(ok_totals)) / 1e6
     groups = []
     for keys, values in by_keys.items():
+        if not keys:  # requests that ran no stage: nothing to add to any stage
+            continue
         flat = np.fromiter(itertools.chain.from_iterable(values), dtype=float, count=len(values) * len(keys))
         groups.append((keys, flat.reshape(len(values), len(keys)) / 1e6))  # fromiter: no shape discovery
     return totals, groups, failed
