@@ -1,7 +1,8 @@
-"""A FastAPI service instrumented in one line; its handler marks two stages."""
+"""A FastAPI service instrumented in one line; its handlers mark their stages (one streams)."""
 
 import torch
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
 import servescope
 from servescope.exporters import PrometheusExporter
@@ -20,3 +21,15 @@ def predict(payload: dict):
     with servescope.stage("infer"), torch.inference_mode():
         y = model(x)
     return {"scores": y[0].tolist()}
+
+
+@servescope.stage("postprocess")  # each chunk's making is timed, not the sending
+async def scores_by_row(rows: int):
+    with torch.inference_mode():
+        for _ in range(rows):
+            yield f"{model(torch.randn(1, 256))[0].argmax().item()}\n"
+
+
+@app.get("/stream")
+async def stream(rows: int = 4):
+    return StreamingResponse(scores_by_row(rows), media_type="text/plain")

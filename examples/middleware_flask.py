@@ -1,4 +1,4 @@
-"""A Flask service instrumented in one line; its view marks two stages."""
+"""A Flask service instrumented in one line; its views mark their stages (one streams)."""
 
 import torch
 from flask import Flask, jsonify, request
@@ -20,3 +20,15 @@ def predict():
     with servescope.stage("infer"), torch.inference_mode():
         y = model(x)
     return jsonify(scores=y[0].tolist())
+
+
+@servescope.stage("postprocess")  # each chunk's making is timed, not the sending
+def scores_by_row(rows: int):
+    with torch.inference_mode():
+        for _ in range(rows):
+            yield f"{model(torch.randn(1, 256))[0].argmax().item()}\n"
+
+
+@app.get("/stream")
+def stream():
+    return app.response_class(scores_by_row(int(request.args.get("rows", 4))), mimetype="text/plain")

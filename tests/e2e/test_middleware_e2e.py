@@ -44,6 +44,13 @@ def test_bench_shows_the_breakdown_and_metrics_scrape(module, interface):
         fams = {f.name: f for f in text_string_to_metric_families(text)}
         counts = {s.labels["stage"]: s.value for s in fams["servescope_stage_seconds"].samples if s.name.endswith("_count")}
         assert counts["infer"] >= rep.latency["count"]
+        for _ in range(3):  # a streamed body: its chunks are made inside the request, on a real server
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/stream?rows=5", timeout=10).read()
+            assert len(body.splitlines()) == 5
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        counts = {s.labels["stage"]: s.value for s in fams["servescope_stage_seconds"].samples if s.name.endswith("_count")}
+        assert counts["postprocess"] == 3
     finally:
         proc.terminate()
         proc.wait(15)
