@@ -21,7 +21,7 @@ import torch
 import servescope
 from servescope import stage, trace
 from servescope.doctor import DoctorOptions, diagnose
-from servescope.probes import Probes, new_evidence, set_evidence
+from servescope.doctor.probes import Probes, new_evidence, set_evidence
 
 
 def line(text: str = "") -> None:

@@ -16,7 +16,7 @@ import time
 import torch
 
 from servescope import trace
-from servescope.probes import Probes, new_evidence, set_evidence
+from servescope.doctor.probes import Probes, new_evidence, set_evidence
 
 torch.manual_seed(0)
 MLP = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).eval()

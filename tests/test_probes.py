@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from servescope import WallClock, stage, trace
-from servescope.doctor import split_other
-from servescope.probes import Probes, new_evidence, set_evidence
+from servescope.doctor.attribution import split_other
+from servescope.doctor.probes import Probes, new_evidence, reset_evidence, set_evidence
 
 
 def run_probed(fn, *args):
@@ -22,9 +22,7 @@ def run_probed(fn, *args):
             with trace() as t:
                 out = fn(*args)
         finally:
-            from servescope.probes import _evidence
-
-            _evidence.reset(token)
+            reset_evidence(token)
     return t, ev, out
 
 

@@ -8,6 +8,7 @@ def test_public_namespace_is_exactly_what_we_document():
             "ConfigError",
             "CudaEventClock",
             "Distribution",
+            "EndpointError",
             "Finding",
             "MissingDependencyError",
             "Model",

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from .exceptions import (
     ConfigError,
+    EndpointError,
     MissingDependencyError,
     RecordError,
     ReportError,
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigError",
     "CudaEventClock",
     "Distribution",
+    "EndpointError",
     "Finding",
     "MissingDependencyError",
     "Model",

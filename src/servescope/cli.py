@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--requests", type=_positive_int, default=30, help="sequential warm requests (default 30)")
     doc.add_argument("--concurrency", type=_positive_int, default=8, help="callers in the concurrent phase (default 8)")
     doc.add_argument("--timeout", type=_duration, default=30.0, help="per-request timeout (default 30s)")
-    doc.add_argument("--fail-on", choices=["critical", "high", "medium", "low", "info"], help="exit 1 when a finding this bad or worse is present")
+    doc.add_argument("--fail-on", choices=["critical", "high", "medium", "low", "info"], help="exit 1 when a finding this bad or worse is present (3 when it could not diagnose, always)")
     doc.add_argument("--json", metavar="FILE", help="write the report (JSON)")
     doc.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
 
@@ -190,17 +190,26 @@ def _compare(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+#: The doctor sends the payload dozens of times, concurrently: a bigger one is not representative.
+MAX_PAYLOAD_BYTES = 32 * 1024 * 1024
+
+
 def _doctor(args: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
     import orjson
 
-    from .doctor import DoctorOptions, diagnose
-    from .loader import load_target
+    from .doctor import DoctorOptions
 
     if not args.payload:
         raise ConfigError("give --payload FILE: the JSON body to send (a handler gets it parsed)")
     try:
+        size = Path(args.payload).stat().st_size
+        if size > MAX_PAYLOAD_BYTES:
+            raise ConfigError(
+                f"payload file {args.payload!r} is {size / 2**20:.0f} MB: the doctor sends it dozens of times, "
+                f"so give a representative request of at most {MAX_PAYLOAD_BYTES // 2**20} MB"
+            )
         payload = orjson.loads(Path(args.payload).read_bytes())
     except OSError as exc:
         raise ConfigError(f"cannot read payload file {args.payload!r}: {exc.strerror or exc}") from None
@@ -221,14 +230,16 @@ def _doctor(args: argparse.Namespace, console: Console) -> int:
         with console.status(f"servescope doctor --url {args.url}"):
             report = diagnose_url(args.url, payload=payload, options=options)
         return _finish_doctor(report, args, console)
-    obj = load_target(args.target)
+    from .doctor.isolate import diagnose_isolated
+    from .loader import check_target_spec
+
+    check_target_spec(args.target)
     with console.status("servescope doctor: starting") as status:
-        report = diagnose(
-            obj,
-            payload=payload,
+        report = diagnose_isolated(
+            args.target,
+            payload_path=args.payload,
             options=options,
             progress=lambda phase, frac: status.update(f"servescope doctor: {phase}"),
-            target_name=args.target,
         )
     return _finish_doctor(report, args, console)
 
@@ -236,6 +247,7 @@ def _doctor(args: argparse.Namespace, console: Console) -> int:
 def _finish_doctor(report: Any, args: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
+    from .doctor import EXIT_DIAGNOSED, EXIT_FINDINGS, EXIT_UNDIAGNOSED
     from .renderers.html import render_html
     from .renderers.terminal import render_terminal
     from .report import SEVERITIES
@@ -247,11 +259,13 @@ def _finish_doctor(report: Any, args: argparse.Namespace, console: Console) -> i
     if args.html:
         Path(args.html).write_text(render_html(report))
         console.print(f"HTML report saved to {args.html}")
+    if not (report.extra.get("verdict") or {}).get("diagnosed", True):
+        return EXIT_UNDIAGNOSED
     if args.fail_on:
         worst = SEVERITIES.index(args.fail_on)
         if any(SEVERITIES.index(f.severity) <= worst for f in report.findings):
-            return 1
-    return 0
+            return EXIT_FINDINGS
+    return EXIT_DIAGNOSED
 
 
 def _serve(args: argparse.Namespace) -> int:

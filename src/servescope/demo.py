@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .exceptions import ConfigError, require
-from .targets import free_port
+from .doctor.targets import free_port
 
 __all__ = ["examples_dir", "run_demo"]
 

@@ -7,6 +7,7 @@
     ├── ReportError (ValueError)        a report that cannot be read
     │   └── SchemaError                 a report of an unknown or newer schema
     ├── ConfigError (ValueError)        a bad keyword argument or CLI option
+    ├── EndpointError                   the endpoint could not be started, reached or measured
     └── MissingDependencyError (ImportError)  an optional extra is not installed
 
 Every message says what happened, why, and what fixes it.
@@ -41,6 +42,11 @@ class SchemaError(ReportError):
 
 class ConfigError(ServescopeError, ValueError):
     """A configuration value was invalid."""
+
+
+class EndpointError(ServescopeError):
+    """The endpoint under test could not be started, reached or measured (its own failure,
+    not a bad option)."""
 
 
 class MissingDependencyError(ServescopeError, ImportError):

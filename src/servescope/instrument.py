@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     from .exceptions import ServescopeError
     from .loader import load_target
     from .middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
-    from .probes import Probes
-    from .targets import _is_asgi
+    from .doctor.probes import Probes
+    from .doctor.targets import is_asgi
 
     ap = argparse.ArgumentParser(prog="python -m servescope.instrument")
     ap.add_argument("target")
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"servescope: error: {exc}\n")
         return 2
     Probes().install()  # for the life of the process
-    if _is_asgi(app):
+    if is_asgi(app):
         wrapped = ServescopeMiddleware(app, metrics_path=None)
         uvicorn.run(wrapped, host=args.host, port=args.port, log_level="warning", access_log=False)
     else:

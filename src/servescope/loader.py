@@ -15,14 +15,23 @@ from .exceptions import ConfigError
 FILE_MODULE_PREFIX = "servescope_target_"
 
 
-def load_target(spec: str) -> Any:
-    """Import ``spec`` and return the named object. The file's folder goes on ``sys.path``
-    (as uvicorn does), so its own imports work. Raises ``ConfigError`` with one clear line."""
+def check_target_spec(spec: str) -> None:
+    """The checks ``load_target`` makes before importing anything: the form, and that the
+    file exists. One clear line (``ConfigError``) for a spec that cannot work."""
     if not isinstance(spec, str) or ":" not in spec:
         raise ConfigError(f"target {spec!r} must look like path/to/file.py:name or package.module:name")
     where, _, name = spec.rpartition(":")
     if not where or not name.isidentifier():
         raise ConfigError(f"target {spec!r} must look like path/to/file.py:name or package.module:name")
+    if (where.endswith(".py") or "/" in where or "\\" in where) and not Path(where).resolve().is_file():
+        raise ConfigError(f"target file {where!r} does not exist")
+
+
+def load_target(spec: str) -> Any:
+    """Import ``spec`` and return the named object. The file's folder goes on ``sys.path``
+    (as uvicorn does), so its own imports work. Raises ``ConfigError`` with one clear line."""
+    check_target_spec(spec)
+    where, _, name = spec.rpartition(":")
     if where.endswith(".py") or "/" in where or "\\" in where:
         path = Path(where).resolve()
         if not path.is_file():

@@ -65,6 +65,8 @@ class Finding:
     fix: str = ""
     saving_ms: float | None = None
     detail: str = ""
+    #: who pays ``saving_ms``: "request" (every request) or "first request" (once, at start)
+    saving_per: str = "request"
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

@@ -49,6 +49,7 @@ __all__ = [
     "Stage",
     "Trace",
     "WallClock",
+    "current_stage_name",
     "current_trace",
     "stage",
     "trace",
@@ -112,6 +113,16 @@ def current_trace() -> Trace | None:
     """The trace open in this context, or ``None``."""
     span = _current.get()
     return None if span is None else span[_TRACE]
+
+
+def current_stage_name() -> str | None:
+    """The innermost stage open in this context: ``None`` outside a trace, ``""`` in a trace
+    with no stage open. What a probe checks so that a call nested in its own stage
+    (recursion) is not timed twice."""
+    span = _current.get()
+    if span is None:
+        return None
+    return span[_NAME] or ""
 
 
 def _bad_name(name: object) -> StageError:

@@ -6,8 +6,6 @@ import io
 from typing import Any
 
 from rich.console import Console, Group
-from rich.padding import Padding
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -31,7 +29,6 @@ LABELS = {
     "network+client": "network + client",
     "proxy+network": "proxy + network + client",
 }
-_SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
 def stage_label(name: str) -> str:
@@ -157,29 +154,11 @@ def _stage_table(report: Report) -> Table:
 
 
 def _findings(report: Report) -> list[Any]:
-    out: list[Any] = []
-    findings = report.findings_by_severity()
-    if not findings:
-        if report.meta.get("diagnosed"):
-            out.append(Text("No problems found.", style="bold green"))
-        return out
-    out.append(Text(f"Findings ({len(findings)}), worst first:", style="bold"))
-    for f in findings:
-        head = Text()
-        head.append(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
-        head.append(f" {f.title}  ", style="bold")
-        head.append(f"[{f.id}]", style="dim")
-        if f.saving_ms:
-            head.append(f"  ~{_ms(f.saving_ms)} ms/request to gain", style="green")
-        out.append(head)
-        if f.evidence:
-            ev = " · ".join(f"{k}={v}" for k, v in f.evidence.items())
-            out.append(Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 4)))
-        if f.detail:
-            out.append(Padding(Text(f.detail), (0, 0, 0, 4)))
-        if f.fix:
-            out.append(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default"), (0, 0, 1, 4)))
-    return out
+    if "diagnosed" in report.meta or report.findings:
+        from .doctor import doctor_sections
+
+        return doctor_sections(report)
+    return []
 
 
 def render_terminal(report: Report, *, console: Console | None = None, width: int = 110) -> str:

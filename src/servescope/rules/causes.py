@@ -1,24 +1,23 @@
-"""One function per cause. Each reads the evidence, decides, sizes, and writes the fix."""
+"""One function per cause: ``rule(evidence) -> list[Finding]``.
+
+Presence is decided by evidence that does not move with timing noise (a loader ran on warm
+requests, a forward ran in training mode or on the event loop); timings size the saving
+and the severity, so a cause that is there is listed every run (at ``info`` when it costs
+nothing measurable). A rule that needs a measurement the run does not have calls
+``ev.need(...)``, which raises ``MissingEvidence``: the report lists it as not checked.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..report import Finding, Report
-
+from ..doctor.evidence import Evidence
+from ..report import Finding
 
 #: Thresholds (docs/doctor.md).
-NO_BATCHING_FLOOR_MS = 0.2
+NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
 COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
-LOOP_LAG_ALONE_MS = 100.0
-
-
-def _ev(report: Report) -> dict[str, Any]:
-    return report.extra["evidence"]
-
-
-def _p50(report: Report) -> float:
-    return float(report.latency.get("p50_ms") or _ev(report)["warm"]["p50_ms"] or 0.0)
+LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS = 0.3, 20.0
+GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
+FAILING_HIGH = 0.1
 
 
 def severity(saving_ms: float, p50_ms: float) -> str:
@@ -35,24 +34,56 @@ def severity(saving_ms: float, p50_ms: float) -> str:
     return "info"
 
 
-def model_load_per_request(report: Report) -> list[Finding]:
-    warm = _ev(report)["warm"]
-    loads, built = warm["loads_per_request"], warm["constructed_per_request"]
+def failing_requests(ev: Evidence) -> list[Finding]:
+    warm, conc = ev.need("warm"), ev.concurrent
+    sent = warm.requests + (conc.requests if conc else 0)
+    failed = warm.errors + (conc.errors if conc else 0)
+    if not failed:
+        return []
+    share = max(warm.errors / max(warm.requests, 1), (conc.errors / max(conc.requests, 1)) if conc else 0.0)
+    only_concurrent = warm.errors == 0
+    return [
+        Finding(
+            "failing-requests",
+            "high" if share >= FAILING_HIGH or only_concurrent else "medium",
+            "Some requests fail" + (" only when several run at once" if only_concurrent else ""),
+            {
+                "failed": failed,
+                "sent": sent,
+                "warm_failed": warm.errors,
+                "concurrent_failed": conc.errors if conc else 0,
+                "first_errors": " | ".join(warm.errors_sample) or "-",
+            },
+            fix=(
+                "# the figures above are from the requests that succeeded; fix the failures first\n"
+                + ("# failing only under concurrency: shared state that is not thread-safe (a tokenizer,\n"
+                   "# a cache, a model moved per request); guard it or give each worker its own"
+                   if only_concurrent else "# run one request by hand with the same payload to see the traceback")
+            ),
+            detail="Failed requests are kept out of the latency figures and counted by kind under Errors.",
+        )
+    ]
+
+
+def model_load_per_request(ev: Evidence) -> list[Finding]:
+    warm = ev.need("warm")
+    ev.need_probes("torch.load", "load_state_dict", "safetensors", "torch.jit.load", "from_pretrained", "SentenceTransformer", "Module.__init__")
+    loads, built = warm.loads_per_request, warm.constructed_per_request
     if loads < 0.5 and built < 1:
         return []
-    saving = warm["load_ms_per_request"] + warm["construct_ms_per_request"]
-    what = ", ".join(warm["load_calls"]) or "nn.Module construction"
+    saving = warm.load_ms_per_request + warm.construct_ms_per_request
+    what = ", ".join(warm.load_calls) or "nn.Module construction"
     return [
         Finding(
             "model-load-per-request",
-            severity(saving, _p50(report)),
+            severity(saving, ev.p50_ms),
             "The model is loaded again on every request",
             {
                 "loads_per_request": loads,
                 "modules_built_per_request": built,
                 "load_calls": what,
                 "load_ms_per_request": round(saving, 3),
-                "p50_ms": _p50(report),
+                "p50_ms": ev.p50_ms,
             },
             fix=(
                 "# load once, at start-up, not inside the handler\n"
@@ -68,28 +99,33 @@ def model_load_per_request(report: Report) -> list[Finding]:
     ]
 
 
-def cold_start(report: Report) -> list[Finding]:
-    ev = _ev(report)
-    cold, p50 = ev["cold"]["latency_ms"], _p50(report)
-    warm = ev["warm"]
-    lazy = (ev["cold"]["loads"] > 0 or ev["cold"]["constructed"] > 0) and (
-        warm["loads_per_request"] < 0.5 and warm["constructed_per_request"] < 1
-    )
-    if ev["cold"].get("error") or not p50 or cold < COLD_RATIO * p50 or cold - p50 < COLD_EXTRA_MS:
+def cold_start(ev: Evidence) -> list[Finding]:
+    cold, warm = ev.need("cold"), ev.need("warm")
+    p50 = ev.p50_ms
+    if cold.error or not p50:
         return []
-    extra = cold - p50
-    sev = "high" if cold >= 10 * p50 and extra >= 200 else "medium"
+    lazy = (cold.loads > 0 or cold.constructed > 0) and (warm.loads_per_request < 0.5 and warm.constructed_per_request < 1)
+    slow = cold.latency_ms >= COLD_RATIO * p50 and cold.latency_ms - p50 >= COLD_EXTRA_MS
+    if not (lazy or slow):
+        return []
+    extra = max(cold.latency_ms - p50, 0.0)
+    if cold.latency_ms >= 10 * p50 and extra >= 200:
+        sev = "high"
+    elif slow:
+        sev = "medium"
+    else:
+        sev = "low" if extra >= COLD_EXTRA_MS else "info"
     return [
         Finding(
             "cold-start",
             sev,
-            "The first request is far slower than the rest: no warm-up",
+            "The first request " + ("loads the model" if lazy else "is far slower than the rest") + ": no warm-up",
             {
-                "first_ms": round(cold, 2),
+                "first_ms": round(cold.latency_ms, 2),
                 "p50_ms": p50,
-                "ratio": round(cold / p50, 1),
+                "ratio": round(cold.latency_ms / p50, 1),
                 "loaded_on_first_request": lazy,
-                "first_request_load_calls": ", ".join(label for label, _ in ev["cold"]["load_calls"]) or "-",
+                "first_request_load_calls": ", ".join(cold.load_calls) or "-",
             },
             fix=(
                 "# load and run one example at start-up, before the server reports ready\n"
@@ -99,55 +135,58 @@ def cold_start(report: Report) -> list[Finding]:
                 "# servescope.serve(Model(), example=...) does both before /ready"
             ),
             saving_ms=round(extra, 2),
-            detail="Only the first request pays this; " + ("the model is loaded lazily by it." if lazy else "first-call initialisation (allocation, tracing, kernels) runs in it."),
+            saving_per="first request",
+            detail="Only the first request pays this; "
+            + ("the model is loaded lazily by it." if lazy else "first-call initialisation (allocation, tracing, kernels) runs in it."),
         )
     ]
 
 
-def model_not_on_accelerator(report: Report) -> list[Finding]:
-    ev = _ev(report)
-    if not ev["environment"]["cuda_available"]:
+def model_not_on_accelerator(ev: Evidence) -> list[Finding]:
+    env, warm = ev.need("environment"), ev.need("warm")
+    if not env.cuda_available:
         return []
-    fwd = ev["warm"]["forwards"]
-    if not fwd["count"] or any(d.startswith("cuda") for d in fwd["param_devices"]):
+    ev.need_probes("torch module hooks")
+    fwd = warm.forwards
+    if not fwd.count or any(d.startswith("cuda") for d in fwd.param_devices):
         return []
-    probe = ev.get("batch_probe") or {}
+    probe = ev.batch_probe
     return [
         Finding(
             "model-not-on-accelerator",
             "high",
             "A GPU is available but the model runs on the CPU",
-            {"param_devices": ", ".join(fwd["param_devices"]), "forward_ms": probe.get("forward_ms")},
+            {"param_devices": ", ".join(fwd.param_devices), "forward_ms": probe.forward_ms if probe else None},
             fix="device = torch.device('cuda')\nmodel = model.to(device).eval()   # once, at start-up\nx = x.to(device, non_blocking=True)",
             saving_ms=None,
         )
     ]
 
 
-def repeated_transfer(report: Report) -> list[Finding]:
-    warm = _ev(report)["warm"]
-    copies = warm["h2d_per_request"] + warm["d2h_per_request"]
-    problems = {}
-    if warm["module_moves_per_request"] >= 1:
-        problems["model_moved_per_request"] = warm["module_moves_per_request"]
-    if warm["small_copies_per_request"] >= 4:
-        problems["small_copies_per_request"] = warm["small_copies_per_request"]
-    if warm["unpinned_async_per_request"] >= 1:
-        problems["non_blocking_from_unpinned"] = warm["unpinned_async_per_request"]
-    if warm["syncs_per_request"] >= 4:
-        problems["sync_points_per_request"] = warm["syncs_per_request"]
+def repeated_transfer(ev: Evidence) -> list[Finding]:
+    warm = ev.need("warm")
+    ev.need_probes("Tensor.", "Module.to", "Module.cuda")
+    copies = warm.h2d_per_request + warm.d2h_per_request
+    problems: dict[str, float] = {}
+    if warm.module_moves_per_request >= 1:
+        problems["model_moved_per_request"] = warm.module_moves_per_request
+    if warm.small_copies_per_request >= 4:
+        problems["small_copies_per_request"] = warm.small_copies_per_request
+    if warm.unpinned_async_per_request >= 1:
+        problems["non_blocking_from_unpinned"] = warm.unpinned_async_per_request
+    if warm.syncs_per_request >= 4:
+        problems["sync_points_per_request"] = warm.syncs_per_request
     if copies > 4:
         problems["copies_per_request"] = copies
     if not problems:
         return []
-    stages = report.stages
-    saving = sum((stages.get(s) or {}).get("mean_ms") or 0.0 for s in ("to_device", "to_host"))
+    saving = sum((ev.stages.get(s) or {}).get("mean_ms") or 0.0 for s in ("to_device", "to_host"))
     return [
         Finding(
             "repeated-transfer",
-            severity(saving, _p50(report)),
+            severity(saving, ev.p50_ms),
             "Host<->device copies are done piecemeal or synchronously",
-            {**problems, "copy_bytes_per_request": warm["copy_bytes_per_request"], "transfer_ms": round(saving, 3)},
+            {**problems, "copy_bytes_per_request": warm.copy_bytes_per_request, "transfer_ms": round(saving, 3)},
             fix=(
                 "# one copy in, one copy out, per batch\n"
                 "x = torch.stack(items).pin_memory().to(device, non_blocking=True)\n"
@@ -160,34 +199,37 @@ def repeated_transfer(report: Report) -> list[Finding]:
     ]
 
 
-def no_batching(report: Report) -> list[Finding]:
-    ev = _ev(report)
-    conc, probe = ev["concurrent"], ev.get("batch_probe") or {}
-    fwd = conc["forwards"]
+def no_batching(ev: Evidence) -> list[Finding]:
+    conc = ev.need("concurrent")
+    ev.need_probes("torch module hooks")
+    fwd = conc.forwards
+    if fwd is None:
+        raise ev.missing_error("concurrent.forwards", "the model's calls are not visible from outside the process")
     # most requests ran a forward of their own (a runtime that batches on a worker and runs
     # only the odd lone request in the request's own context shows few forwards here)
-    own = fwd["count"] * 2 >= max(conc.get("requests") or 0, 1)
-    if conc["concurrency"] < 2 or not own or fwd["max_batch"] > 1 or not probe.get("gain"):
+    own = fwd.count * 2 >= max(conc.requests, 1)
+    if conc.concurrency < 2 or not own or fwd.max_batch > 1:
         return []
-    gain = probe["gain"]
-    one = probe["per_item_ms"].get("1")
-    if gain < 1.3 or one is None:
+    probe = ev.need("batch_probe")
+    if probe.error:
+        raise ev.missing_error("batch_probe", f"the batch probe failed: {probe.error}")
+    one = probe.per_item_ms.get("1")
+    if not probe.gain or probe.gain < NO_BATCHING_GAIN or one is None:
         return []
-    saving = one * (1 - 1 / gain)
-    p50 = _p50(report)
-    if saving < 0.05 * p50 or saving < NO_BATCHING_FLOOR_MS:
+    saving = one * (1 - 1 / probe.gain)
+    if saving < 0.05 * ev.p50_ms or saving < NO_BATCHING_FLOOR_MS:
         return []  # batching would not move this endpoint's latency: not its problem
     return [
         Finding(
             "no-batching",
-            severity(saving, p50),
+            severity(saving, ev.p50_ms),
             "Concurrent requests each run their own batch-of-one forward",
             {
-                "concurrency": conc["concurrency"],
-                "forward_batch_sizes": fwd["batch_sizes"],
+                "concurrency": conc.concurrency,
+                "forward_batch_sizes": fwd.batch_sizes,
                 "per_item_ms_at_batch_1": one,
-                "best_batch": probe["best_batch"],
-                "per_item_gain": gain,
+                "best_batch": probe.best_batch,
+                "per_item_gain": probe.gain,
             },
             fix=(
                 "# let concurrent requests share one forward\n"
@@ -195,53 +237,53 @@ def no_batching(report: Report) -> list[Finding]:
                 "# or batch yourself: collect requests for <= 2 ms, torch.stack them, one forward, split"
             ),
             saving_ms=round(saving, 3),
-            detail=f"Replaying the captured input, one forward of batch {probe['best_batch']} costs {gain:.1f}x less per item than batch 1.",
+            detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1.",
         )
     ]
 
 
-def training_mode(report: Report) -> list[Finding]:
-    ev = _ev(report)
-    fwd = ev["warm"]["forwards"]
-    if not fwd["training"]:
+def training_mode(ev: Evidence) -> list[Finding]:
+    ev.need_probes("torch module hooks")
+    fwd = ev.need("warm").forwards
+    if not fwd.training:
         return []
-    probe = ev.get("batch_probe") or {}
-    ratio = probe.get("train_ratio") or 1.0
-    forward = probe.get("forward_ms") or 0.0
+    probe = ev.batch_probe
+    ratio = (probe.train_ratio if probe else None) or 1.0
+    forward = (probe.forward_ms if probe else None) or 0.0
     saving = max(forward * (1 - 1 / ratio), 0.0) if ratio > 1 else 0.0
-    changes = fwd["training_changes_output"] > 0
-    if not changes and ratio < 1.10:
-        return []  # a flag set on a wrapper whose modules behave the same: no effect to report
-    sev = "high" if changes else severity(saving, _p50(report))
+    changes = fwd.training_changes_output > 0
+    sev = "high" if changes else severity(saving, ev.p50_ms)
     return [
         Finding(
             "training-mode",
             sev,
             "The model runs in training mode" + (": dropout/batch-norm change its answers" if changes else ""),
-            {"forwards_in_training_mode": fwd["training"], "changes_output": changes, "train_over_eval": ratio},
+            {"forwards_in_training_mode": fwd.training, "changes_output": changes, "train_over_eval": ratio},
             fix="model.eval()   # once, after loading",
             saving_ms=round(saving, 3) or None,
-            detail="In training mode dropout drops activations at random and batch-norm uses batch statistics: results vary from call to call.",
+            detail="In training mode dropout drops activations at random and batch-norm uses batch statistics: results vary from call to call."
+            if changes
+            else "No dropout or batch-norm here, so the answers are the same; eval() is still the mode to serve in.",
         )
     ]
 
 
-def grad_enabled(report: Report) -> list[Finding]:
-    ev = _ev(report)
-    fwd = ev["warm"]["forwards"]
-    if not fwd["grad"]:
+def grad_enabled(ev: Evidence) -> list[Finding]:
+    ev.need_probes("torch module hooks")
+    fwd = ev.need("warm").forwards
+    if not fwd.grad:
         return []
-    probe = ev.get("batch_probe") or {}
-    ratio = probe.get("grad_ratio") or 1.0
-    forward = probe.get("forward_ms") or 0.0
+    probe = ev.batch_probe
+    ratio = (probe.grad_ratio if probe else None) or 1.0
+    forward = (probe.forward_ms if probe else None) or 0.0
     saving = forward * (1 - 1 / ratio) if ratio > 1 else 0.0
-    sev = severity(saving, _p50(report))
+    sev = severity(saving, ev.p50_ms)
     return [
         Finding(
             "grad-enabled",
             sev,
             "The forward runs with autograd on",
-            {"forwards_with_grad": fwd["grad"], "grad_over_inference_mode": ratio},
+            {"forwards_with_grad": fwd.grad, "grad_over_inference_mode": ratio},
             fix="with torch.inference_mode():\n    y = model(x)",
             saving_ms=round(saving, 3) or None,
             detail="Autograd records a graph and keeps activations alive for a backward pass that never comes."
@@ -264,19 +306,18 @@ _STAGE_ID = {"preprocess": "slow-preprocess", "postprocess": "slow-postprocess",
 _STAGE_WORDS = {"preprocess": "Preprocessing", "postprocess": "Postprocessing", "serialize": "Serialization"}
 
 
-def slow_stages(report: Report) -> list[Finding]:
+def slow_stages(ev: Evidence) -> list[Finding]:
     out = []
-    hot = (_ev(report).get("hot_spots") or {})
     for name, fid in _STAGE_ID.items():
-        s = report.stages.get(name)
+        s = ev.stages.get(name)
         if not s or s.get("share") is None:
             continue
         share, mean = s["share"], s["mean_ms"]
         if share < 0.25 or mean < 1.0:
             continue
         evidence = {"mean_ms": mean, "p95_ms": s["p95_ms"], "share": share}
-        if hot.get(name):
-            evidence["hot_spot"] = hot[name]
+        if ev.hot_spots.get(name):
+            evidence["hot_spot"] = ev.hot_spots[name]
         out.append(
             Finding(
                 fid,
@@ -290,47 +331,112 @@ def slow_stages(report: Report) -> list[Finding]:
     return out
 
 
-def event_loop_blocked(report: Report) -> list[Finding]:
-    ev = _ev(report)
-    conc = ev["concurrent"]
-    on_loop = conc["forwards"]["on_event_loop"]
-    lag = conc.get("loop_lag_max_ms") or 0.0
-    # under concurrency most requests' forwards ran on the loop (a runtime that runs only a
-    # lone request there, when nothing else waits, is not blocking anyone); the lag monitor
-    # shares the GIL with the doctor's own threads, so lag alone must be large
-    usual = on_loop * 2 >= max(conc.get("requests") or 0, 1)
-    if not (usual and lag >= 2) and lag < LOOP_LAG_ALONE_MS:
+def event_loop_blocked(ev: Evidence) -> list[Finding]:
+    conc = ev.need("concurrent")
+    if conc.forwards is None and conc.loop is None:
+        raise ev.missing_error("concurrent.loop", "the event loop is not visible from outside the process")
+    on_loop = conc.forwards.on_event_loop if conc.forwards else 0
+    loop = conc.loop
+    # the model ran on the loop for most requests under concurrency (a runtime that runs only
+    # a lone request there, when nothing else waits, blocks nobody) ...
+    model_on_loop = on_loop * 2 >= max(conc.requests, 1)
+    # ... or the loop's own thread was seen running code (not waiting for I/O or the GIL)
+    # for a large share of the phase, in long runs
+    busy = loop is not None and loop.busy_share >= LOOP_BUSY_SHARE and loop.longest_busy_ms >= LOOP_BUSY_RUN_MS
+    if not (model_on_loop or busy):
         return []
-    forward = conc["forwards"].get("mean_ms") or 0.0
+    forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
+    busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
+    saving = min(max(forward if model_on_loop else 0.0, busy_per_request), ev.p50_ms or float("inf"))
+    evidence = {
+        "forwards_on_the_loop": on_loop,
+        "requests": conc.requests,
+        "loop_busy_share": loop.busy_share if loop else None,
+        "longest_busy_ms": loop.longest_busy_ms if loop else None,
+        "loop_blocked_max_ms": conc.loop_lag_max_ms,
+        "sequential_rps": conc.sequential_rps,
+        "concurrent_rps": conc.throughput_rps,
+    }
+    if loop and loop.hot_spot:
+        evidence["on_the_loop"] = loop.hot_spot
     return [
         Finding(
             "event-loop-blocked",
-            "high" if lag >= 50 else "medium",
+            severity(saving, ev.p50_ms),
             "Heavy synchronous work runs on the event loop: concurrent requests queue behind it",
-            {
-                "loop_blocked_max_ms": lag,
-                "loop_blocked_p99_ms": conc.get("loop_lag_p99_ms"),
-                "forwards_on_the_loop": on_loop,
-                "sequential_rps": conc.get("sequential_rps"),
-                "concurrent_rps": conc.get("throughput_rps"),
-            },
+            evidence,
             fix=(
-                "# a plain `def` endpoint runs in FastAPI's thread pool; or hand the work off:\n"
+                "# an `async def` endpoint runs on the loop: make it a plain `def` (FastAPI runs it in a\n"
+                "# thread pool), or hand the heavy call off:\n"
                 "@app.post('/predict')\n"
                 "async def predict(payload: Payload):\n"
-                "    return await asyncio.to_thread(run_model, payload)"
+                "    return await asyncio.to_thread(run_model, payload)\n"
+                "# a big response is encoded on the loop even for `def` endpoints: return\n"
+                "# Response(orjson.dumps(...)) built inside the endpoint instead"
             ),
-            saving_ms=round(forward, 3) or None,
+            saving_ms=round(saving, 3) or None,
         )
     ]
 
 
-def thread_oversubscription(report: Report) -> list[Finding]:
-    env = _ev(report)["environment"]
-    threads, cpus = env.get("torch_threads"), env.get("cpus_available")
+def gil_contention(ev: Evidence) -> list[Finding]:
+    conc, env = ev.need("concurrent"), ev.need("environment")
+    if conc.cpu_cores_busy is None or conc.gil_wait_p50_ms is None:
+        raise ev.missing_error("concurrent.cpu", "CPU time and GIL waits are not visible from outside the process")
+    cpus = env.cpus_available or 1
+    width = min(conc.concurrency, int(cpus))
+    if width < 2 or not conc.throughput_rps or not conc.sequential_rps:
+        return []
+    scaling = conc.throughput_rps / conc.sequential_rps
+    on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
+    loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
+    if scaling >= GIL_SCALING * width or on_loop or loop_busy:
+        return []  # it scales, or the loop is the bottleneck (event-loop-blocked says so)
+    if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
+        return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
+    # service time per request as served now, and if `width` callers could run at once
+    saving = 1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width)
+    if saving < GIL_FLOOR_MS or saving < GIL_SHARE * ev.p50_ms:
+        return []
+    evidence = {
+        "concurrency": conc.concurrency,
+        "sequential_rps": conc.sequential_rps,
+        "concurrent_rps": conc.throughput_rps,
+        "scaling": round(scaling, 2),
+        "cpu_cores_busy": conc.cpu_cores_busy,
+        "cpus_available": cpus,
+        "gil_wait_p50_ms": conc.gil_wait_p50_ms,
+    }
+    if conc.worker_hot_spot:
+        evidence["hot_spot"] = conc.worker_hot_spot
+    return [
+        Finding(
+            "gil-contention",
+            severity(saving, ev.p50_ms),
+            "Pure-Python work holds the GIL: concurrent requests run one at a time",
+            evidence,
+            fix=(
+                "# the hot spot is Python code, so threads take turns on one core:\n"
+                "# vectorise it (numpy/torch ops release the GIL), or run it in processes:\n"
+                "pool = concurrent.futures.ProcessPoolExecutor()\n"
+                "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
+                "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
+            ),
+            saving_ms=round(saving, 3),
+            detail=f"{conc.concurrency} callers got {scaling:.2f}x the throughput of one while the process used "
+            f"{conc.cpu_cores_busy:.2f} of {cpus:g} CPUs, and a thread that only wanted the GIL waited "
+            f"{conc.gil_wait_p50_ms:.1f} ms for it (p50). The saving is server time per request if "
+            f"{width} requests could run at once.",
+        )
+    ]
+
+
+def thread_oversubscription(ev: Evidence) -> list[Finding]:
+    env = ev.need("environment")
+    threads, cpus = env.torch_threads, env.cpus_available
     if not threads or not cpus:
         return []
-    used = threads * env.get("workers", 1)
+    used = threads * env.workers
     if used <= cpus:
         return []
     return [
@@ -338,7 +444,7 @@ def thread_oversubscription(report: Report) -> list[Finding]:
             "thread-oversubscription",
             "high" if used >= 2 * cpus else "medium",
             "More compute threads than CPUs: they spin and contend",
-            {"torch_threads": threads, "workers": env.get("workers", 1), "cpus_available": cpus},
-            fix=f"torch.set_num_threads({max(1, int(cpus) // max(1, env.get('workers', 1)))})   # CPUs / workers, at start-up\n# or OMP_NUM_THREADS in the environment",
+            {"torch_threads": threads, "workers": env.workers, "cpus_available": cpus},
+            fix=f"torch.set_num_threads({max(1, int(cpus) // max(1, env.workers))})   # CPUs / workers, at start-up\n# or OMP_NUM_THREADS in the environment",
         )
     ]

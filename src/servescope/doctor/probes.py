@@ -16,6 +16,12 @@ the request's evidence (a dict in a ContextVar the doctor sets per request):
   solving, Flask's ``get_json``: ``validate``.
 
 Each wrapped call costs one stage (about a microsecond); the doctor states the total.
+
+A probe never changes what the endpoint does: the user's call runs exactly as it would
+(its result and its exceptions pass through), a probe whose own bookkeeping raises is
+switched off for the rest of the run and named in ``Probes.disabled``, and no hook runs
+while torch traces, scripts or compiles (``torch.jit.trace`` calls the model under a
+tracer that must not see the probes' work).
 """
 
 from __future__ import annotations
@@ -31,9 +37,9 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Callable
 
-from .timing import _current, stage
+from ..timing import current_stage_name, stage
 
-__all__ = ["Probes", "current_evidence", "new_evidence"]
+__all__ = ["Probes", "current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
 
 _evidence: ContextVar[dict[str, Any] | None] = ContextVar("servescope_evidence", default=None)
 
@@ -61,7 +67,27 @@ def current_evidence() -> dict[str, Any] | None:
 
 
 def set_evidence(ev: dict[str, Any] | None) -> Any:
+    """Make ``ev`` the evidence record of the request running in this context."""
     return _evidence.set(ev)
+
+
+def reset_evidence(token: Any) -> None:
+    _evidence.reset(token)
+
+
+class _Switch:
+    """One probe's on/off state: the first exception in its own code turns it off, and the
+    reason is kept for the report."""
+
+    __slots__ = ("name", "on", "owner")
+
+    def __init__(self, name: str, owner: Probes) -> None:
+        self.name, self.on, self.owner = name, True, owner
+
+    def fail(self, exc: BaseException) -> None:
+        if self.on:
+            self.on = False
+            self.owner.disabled.setdefault(self.name, f"{type(exc).__name__}: {exc}"[:300])
 
 
 def _loop_running() -> bool:
@@ -79,6 +105,15 @@ class Probes:
         self.captured: dict[str, Any] = {}  # first model and input seen: the batch probe replays it
         self._static_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.torch: Any = None
+        #: probe name -> why it was switched off (its own code raised)
+        self.disabled: dict[str, str] = {}
+        self._switches: dict[str, _Switch] = {}
+
+    def switch(self, name: str) -> _Switch:
+        sw = self._switches.get(name)
+        if sw is None:
+            sw = self._switches[name] = _Switch(name, self)
+        return sw
 
     # -- install / remove --------------------------------------------------------------------
     def __enter__(self) -> Probes:
@@ -118,40 +153,50 @@ class Probes:
 
     def _mark_handler_entry(self) -> None:
         """FastAPI hops to a thread pool for `def` endpoints: note when the user's function
-        starts, so the hop is not taken for the user's preprocessing."""
+        starts, so the hop is not taken for the user's preprocessing. Replaces FastAPI's
+        ``run_endpoint_function`` (dispatch only: the same call, the same thread pool) when
+        its signature is the one this was written for."""
         routing = sys.modules.get("fastapi.routing")
         if routing is None:
             try:
                 import fastapi.routing as routing  # noqa: F811
             except ImportError:
                 return
-        if not hasattr(routing, "run_endpoint_function"):
+        original = getattr(routing, "run_endpoint_function", None)
+        try:
+            from starlette.concurrency import run_in_threadpool
+
+            params = set(inspect.signature(original).parameters) if original is not None else set()
+        except (ImportError, TypeError, ValueError):
             return
-        original = routing.run_endpoint_function
+        if params != {"dependant", "values", "is_coroutine"}:
+            return
+        sw = self.switch("fastapi handler entry")
+
+        def mark() -> None:
+            if sw.on:
+                try:
+                    ev = _evidence.get()
+                    if ev is not None:
+                        ev["handler_start_ns"] = time.perf_counter_ns()
+                except Exception as exc:
+                    sw.fail(exc)
 
         def entered(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def run(*args: Any, **kwargs: Any) -> Any:
-                ev = _evidence.get()
-                if ev is not None:
-                    ev["handler_start_ns"] = time.perf_counter_ns()
-                return fn(*args, **kwargs)
+            def run(**kwargs: Any) -> Any:
+                mark()
+                return fn(**kwargs)
 
             return run
 
         @functools.wraps(original)
-        async def wrapper(*, dependant: Any, values: Any, is_coroutine: bool, **kw: Any) -> Any:
+        async def wrapper(*, dependant: Any, values: dict[str, Any], is_coroutine: bool) -> Any:
+            if not sw.on:
+                return await original(dependant=dependant, values=values, is_coroutine=is_coroutine)
             if is_coroutine:
-                ev = _evidence.get()
-                if ev is not None:
-                    ev["handler_start_ns"] = time.perf_counter_ns()
-                return await original(dependant=dependant, values=values, is_coroutine=is_coroutine, **kw)
-            call = dependant.call
-            dependant.call = entered(call)
-            try:
-                return await original(dependant=dependant, values=values, is_coroutine=is_coroutine, **kw)
-            finally:
-                dependant.call = call
+                mark()
+                return await dependant.call(**values)
+            return await run_in_threadpool(entered(dependant.call), **values)
 
         routing.run_endpoint_function = wrapper
         self._undo.append(lambda: setattr(routing, "run_endpoint_function", original))
@@ -167,7 +212,7 @@ class Probes:
         if mod is None or not hasattr(mod, name):
             return
         original = getattr(mod, name)
-        setattr(mod, name, _staged(original, stage_name))
+        setattr(mod, name, _staged(original, stage_name, self.switch(f"{module}.{name}")))
         self._undo.append(lambda: setattr(mod, name, original))
 
     def _wrap_class_attr(self, module: str, cls_name: str, name: str, stage_name: str, *, classmethod_: bool = False) -> None:
@@ -181,10 +226,11 @@ class Probes:
         if cls is None or name not in cls.__dict__:
             return
         raw = cls.__dict__[name]
+        sw = self.switch(f"{module}.{cls_name}.{name}")
         if classmethod_ and isinstance(raw, classmethod):
-            wrapped: Any = classmethod(_staged(raw.__func__, stage_name))
+            wrapped: Any = classmethod(_staged(raw.__func__, stage_name, sw))
         else:
-            wrapped = _staged(raw, stage_name)
+            wrapped = _staged(raw, stage_name, sw)
         setattr(cls, name, wrapped)
         self._undo.append(lambda: setattr(cls, name, raw))
 
@@ -193,30 +239,42 @@ class Probes:
         local = self._local
         infer = stage("infer")
         probes = self
+        sw = self.switch("torch module hooks")
+        busy = _torch_busy(torch)
 
         def pre_hook(module: Any, args: tuple[Any, ...]) -> None:
-            depth = getattr(local, "depth", 0)
-            local.depth = depth + 1
-            if depth:
+            depth = getattr(local, "depth", 0) + 1
+            local.depth = depth
+            if not sw.on or getattr(local, "active", None) is not None or busy():
+                return  # inside an outer forward, or torch is tracing/scripting/compiling
+            try:
+                ev = _evidence.get()
+                if ev is not None:
+                    ev["forwards"].append(probes._describe(module, args))
+                if "model" not in probes.captured and args and not _is_script(torch, module):
+                    captured = _capture(torch, args[0])
+                    if captured is not None:
+                        probes.captured["model"] = module
+                        probes.captured["input"] = captured
+                infer.__enter__()
+            except Exception as exc:
+                sw.fail(exc)
                 return
-            ev = _evidence.get()
-            if ev is not None:
-                ev["forwards"].append(probes._describe(module, args))
-            if "model" not in probes.captured and args:
-                captured = _capture(torch, args[0])
-                if captured is not None:
-                    probes.captured["model"] = module
-                    probes.captured["input"] = captured
-            infer.__enter__()
+            local.active = depth
             local.t0 = time.perf_counter_ns()
 
         def post_hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
-            local.depth -= 1
-            if local.depth:
+            depth = getattr(local, "depth", 1)
+            local.depth = depth - 1
+            if getattr(local, "active", None) != depth:
                 return
-            ev = _evidence.get()
-            if ev is not None and ev["forwards"]:
-                ev["forwards"][-1]["ms"] = (time.perf_counter_ns() - local.t0) / 1e6
+            local.active = None
+            try:
+                ev = _evidence.get()
+                if ev is not None and ev["forwards"]:
+                    ev["forwards"][-1]["ms"] = (time.perf_counter_ns() - local.t0) / 1e6
+            except Exception as exc:
+                sw.fail(exc)
             infer.__exit__(None, None, None)
 
         h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
@@ -276,13 +334,14 @@ class Probes:
     def _static(self, module: Any) -> dict[str, Any]:
         """What walking the module tree tells (class, device, training flags), cached per
         module and re-read when its own training flag or first parameter's device changes:
-        walking a 100-module model on every request would distort what it measures."""
+        walking a 100-module model on every request would distort what it measures.
+        Scripted and frozen modules may lack ``training``: read as not training."""
         param = next(module.parameters(), None)
-        key = (id(module), module.training, None if param is None else param.device)
+        key = (id(module), getattr(module, "training", None), None if param is None else param.device)
         cached = self._static_cache.get(key)
         if cached is None:
             torch = self.torch
-            training = [m for m in module.modules() if m.training]
+            training = [m for m in module.modules() if getattr(m, "training", False) is True]
             behaves = (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)
             cached = self._static_cache[key] = {
                 "module": type(module).__name__,
@@ -294,80 +353,117 @@ class Probes:
 
     def _tensor_copy(self, torch: Any, original: Callable[..., Any], *, is_to: bool = False) -> Callable[..., Any]:
         to_device, to_host = stage("to_device"), stage("to_host")
+        sw = self.switch(f"Tensor.{original.__name__}")
 
         @functools.wraps(original)
         def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            if is_to and (not args or isinstance(args[0], torch.dtype)) and "device" not in kwargs:
+            if not sw.on or (is_to and (not args or isinstance(args[0], torch.dtype)) and "device" not in kwargs):
                 return original(self_, *args, **kwargs)  # a dtype change: no copy between devices
-            src = self_.device.type
-            ev = _evidence.get()
-            # which way? decided after the call from the result; timed as to_host from a
-            # device, to_device from the host (a same-device .to() is a cheap no-op)
-            st = to_host if src != "cpu" else to_device
-            st.__enter__()
             try:
+                src = self_.device.type
+                ev = _evidence.get()
+                # which way? timed as to_host from a device, to_device from the host (a
+                # same-device .to() is a cheap no-op)
+                st = to_host if src != "cpu" else to_device
+            except Exception as exc:
+                sw.fail(exc)
+                return original(self_, *args, **kwargs)
+            with st:
                 out = original(self_, *args, **kwargs)
-            finally:
-                st.__exit__(None, None, None)
-            if ev is not None and isinstance(out, torch.Tensor) and out.device.type != src:
-                nbytes = self_.numel() * self_.element_size()
-                ev["copy_bytes"] += nbytes
-                if nbytes <= Probes.SMALL_COPY:
-                    ev["small_copies"] += 1
-                if src == "cpu":
-                    ev["h2d"] += 1
-                    if kwargs.get("non_blocking") and not _pinned(self_):
-                        ev["unpinned_async"] += 1
-                else:
-                    ev["d2h"] += 1
-                    ev["syncs"] += 1
+            try:
+                if ev is not None and isinstance(out, torch.Tensor) and out.device.type != src:
+                    nbytes = self_.numel() * self_.element_size()
+                    ev["copy_bytes"] += nbytes
+                    if nbytes <= Probes.SMALL_COPY:
+                        ev["small_copies"] += 1
+                    if src == "cpu":
+                        ev["h2d"] += 1
+                        if kwargs.get("non_blocking") and not _pinned(self_):
+                            ev["unpinned_async"] += 1
+                    else:
+                        ev["d2h"] += 1
+                        ev["syncs"] += 1
+            except Exception as exc:
+                sw.fail(exc)
             return out
 
         return wrapper
 
     def _sync_point(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        sw = self.switch(f"Tensor.{original.__name__}")
+
         @functools.wraps(original)
         def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            if self_.device.type not in ("cpu", "meta"):
-                ev = _evidence.get()
-                if ev is not None:
-                    ev["syncs"] += 1
+            if sw.on:
+                try:
+                    if self_.device.type not in ("cpu", "meta"):
+                        ev = _evidence.get()
+                        if ev is not None:
+                            ev["syncs"] += 1
+                except Exception as exc:
+                    sw.fail(exc)
             return original(self_, *args, **kwargs)
 
         return wrapper
 
     def _module_move(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``Module.to/.cuda``: a move counts when a parameter's device changed (a ``.to("cpu")``
+        of a model already there moves nothing)."""
         to_device = stage("to_device")
+        sw = self.switch(f"Module.{original.__name__}")
+
+        def device_of(module: Any) -> Any:
+            p = next(module.parameters(), None)
+            return None if p is None else p.device
 
         @functools.wraps(original)
         def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            ev = _evidence.get()
-            if ev is not None:
-                ev["module_moves"] += 1
-            with to_device:
+            if not sw.on:
                 return original(self_, *args, **kwargs)
+            try:
+                ev, before = _evidence.get(), device_of(self_)
+            except Exception as exc:
+                sw.fail(exc)
+                return original(self_, *args, **kwargs)
+            with to_device:
+                out = original(self_, *args, **kwargs)
+            try:
+                if ev is not None and device_of(self_) != before:
+                    ev["module_moves"] += 1
+            except Exception as exc:
+                sw.fail(exc)
+            return out
 
         return wrapper
 
     def _module_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        sw = self.switch("Module.__init__")
+
         @functools.wraps(original)
         def wrapper(self_: Any, *args: Any, **kwargs: Any) -> None:
-            ev = _evidence.get()
-            if ev is not None:
-                now = time.perf_counter_ns()
-                ev["constructed"] += 1
-                if ev["first_init_ns"] is None:
-                    ev["first_init_ns"] = now
-                ev["last_init_ns"] = now
+            if sw.on:
+                try:
+                    ev = _evidence.get()
+                    if ev is not None:
+                        now = time.perf_counter_ns()
+                        ev["constructed"] += 1
+                        if ev["first_init_ns"] is None:
+                            ev["first_init_ns"] = now
+                        ev["last_init_ns"] = now
+                except Exception as exc:
+                    sw.fail(exc)
             original(self_, *args, **kwargs)
 
         return wrapper
 
     def _loader(self, original: Callable[..., Any], label: str) -> Callable[..., Any]:
         load = stage("load")
+        sw = self.switch(label)
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not sw.on:
+                return original(*args, **kwargs)
             ev = _evidence.get()
             t0 = time.perf_counter_ns()
             with load:
@@ -379,6 +475,23 @@ class Probes:
                         ev["load_calls"].append((label, (time.perf_counter_ns() - t0) / 1e6))
 
         return wrapper
+
+
+def _torch_busy(torch: Any) -> Callable[[], bool]:
+    """A check for "torch is tracing, scripting or compiling right now": no hook may run then."""
+    checks = [torch.jit.is_tracing]
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        checks.append(compiler.is_compiling)
+
+    def busy() -> bool:
+        return any(c() for c in checks)
+
+    return busy
+
+
+def _is_script(torch: Any, module: Any) -> bool:
+    return isinstance(module, torch.jit.ScriptModule)
 
 
 def _capture(torch: Any, x: Any) -> Any:
@@ -400,7 +513,7 @@ def _pinned(t: Any) -> bool:
         return False
 
 
-def _staged(fn: Callable[..., Any], stage_name: str) -> Callable[..., Any]:
+def _staged(fn: Callable[..., Any], stage_name: str, sw: _Switch) -> Callable[..., Any]:
     """``fn`` timed as a stage; a call made inside the same stage (recursion, as in FastAPI's
     jsonable_encoder walking every element) goes straight through, so the probe costs one
     stage per outermost call, not one per element."""
@@ -409,8 +522,8 @@ def _staged(fn: Callable[..., Any], stage_name: str) -> Callable[..., Any]:
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            span = _current.get()
-            if span is None or span[0] == stage_name:
+            current = current_stage_name()
+            if not sw.on or current is None or current == stage_name:
                 return await fn(*args, **kwargs)
             with st:
                 return await fn(*args, **kwargs)
@@ -419,8 +532,8 @@ def _staged(fn: Callable[..., Any], stage_name: str) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        span = _current.get()
-        if span is None or span[0] == stage_name:
+        current = current_stage_name()
+        if not sw.on or current is None or current == stage_name:
             return fn(*args, **kwargs)
         with st:
             return fn(*args, **kwargs)

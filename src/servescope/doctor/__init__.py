@@ -1,0 +1,37 @@
+"""``servescope doctor``: run the user's endpoint under probes, then name the causes.
+
+The parts, in the order a run uses them:
+
+- ``targets/``: what is examined (a function, an ASGI app, a WSGI app), behind one protocol;
+- ``probes.py``: see inside the endpoint without changing what it does;
+- ``sampler.py``: where each thread is, every 2 ms (hot spots, the loop's thread, the GIL);
+- ``run.py``: the phases, each with a deadline, and the verdict (could it be diagnosed?);
+- ``attribution.py``: unstaged time split into preprocess / postprocess / load;
+- ``evidence.py``: what the phases measured, typed; the rules (``servescope.rules``) read it;
+- ``isolate.py``: the command line's run, in a child process with a hard deadline;
+- ``url.py``: the checks that work from outside a running endpoint.
+
+Exit statuses of ``servescope doctor``: 0 diagnosed (no finding at ``--fail-on`` or
+worse), 1 a finding at ``--fail-on`` or worse, 2 bad arguments, 3 could not diagnose.
+"""
+
+from __future__ import annotations
+
+from .evidence import Evidence, MissingEvidence
+from .run import DoctorOptions, Verdict, diagnose
+from .url import diagnose_url
+
+__all__ = [
+    "EXIT_DIAGNOSED",
+    "EXIT_FINDINGS",
+    "EXIT_UNDIAGNOSED",
+    "EXIT_USAGE",
+    "DoctorOptions",
+    "Evidence",
+    "MissingEvidence",
+    "Verdict",
+    "diagnose",
+    "diagnose_url",
+]
+
+EXIT_DIAGNOSED, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNDIAGNOSED = 0, 1, 2, 3

@@ -1,0 +1,249 @@
+"""The doctor's evidence: what each phase of a run measured, as typed records.
+
+The doctor fills them; the rules read them (``rule(evidence) -> list[Finding]``); the
+Report carries them as JSON under ``evidence``, so a saved report is diagnosed again
+offline. A section is ``None`` when the run could not measure it (``--url`` sees nothing
+inside the process; a batch probe that could not replay the input), and ``missing`` says
+why: a rule that needs it raises ``MissingEvidence``, and the report lists the rule as
+"not checked" with that reason instead of dropping it silently.
+
+    ev = Evidence.from_report(report)
+    probe = ev.need("batch_probe")        # raises MissingEvidence("batch probe skipped: ...")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, get_args, get_origin, get_type_hints
+
+from ..exceptions import ReportError, ServescopeError
+
+__all__ = [
+    "BatchProbe",
+    "Cold",
+    "Concurrent",
+    "Environment",
+    "Evidence",
+    "Forwards",
+    "LoopActivity",
+    "MissingEvidence",
+    "Warm",
+]
+
+
+class MissingEvidence(ServescopeError, LookupError):
+    """A rule needs a measurement this run does not have; the message says why."""
+
+
+@dataclass
+class Forwards:
+    """The model calls (outermost ``nn.Module`` calls) seen in one phase."""
+
+    count: int = 0
+    per_request: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+    max_batch: int = 0
+    training: int = 0  # forwards with at least one module in training mode
+    training_changes_output: int = 0  # ... among them dropout or batch-norm
+    grad: int = 0  # forwards with autograd on
+    on_event_loop: int = 0  # forwards that ran on a thread with a running event loop
+    param_devices: list[str] = field(default_factory=list)
+    input_devices: list[str] = field(default_factory=list)
+    mean_ms: float | None = None
+    modules: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Cold:
+    """The first request, alone."""
+
+    latency_ms: float = 0.0
+    error: str | None = None
+    loads: int = 0
+    constructed: int = 0
+    load_calls: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Warm:
+    """Sequential requests after the first: the breakdown, and what each request did."""
+
+    requests: int = 0
+    errors: int = 0
+    p50_ms: float | None = None
+    loads_per_request: float = 0.0
+    load_ms_per_request: float = 0.0
+    load_calls: list[str] = field(default_factory=list)
+    constructed_per_request: float = 0.0
+    construct_ms_per_request: float = 0.0
+    module_moves_per_request: float = 0.0
+    h2d_per_request: float = 0.0
+    d2h_per_request: float = 0.0
+    small_copies_per_request: float = 0.0
+    unpinned_async_per_request: float = 0.0
+    syncs_per_request: float = 0.0
+    copy_bytes_per_request: float = 0.0
+    forwards: Forwards = field(default_factory=Forwards)
+    errors_sample: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoopActivity:
+    """The event loop's thread, sampled during the concurrent phase: how much of the time it
+    ran code (rather than waiting for I/O), and the longest such run. Waiting for the GIL
+    looks like waiting, so work in other threads is not charged to the loop."""
+
+    samples: int = 0
+    busy_samples: int = 0
+    busy_share: float = 0.0
+    longest_busy_ms: float = 0.0
+    hot_spot: str = ""
+
+
+@dataclass
+class Concurrent:
+    """Several callers at once: does it batch, does the loop stall, does it scale."""
+
+    concurrency: int = 0
+    requests: int = 0
+    errors: int = 0
+    throughput_rps: float | None = None
+    sequential_rps: float | None = None
+    p50_ms: float | None = None
+    forwards: Forwards | None = None  # None from outside the process (--url)
+    loop_lag_max_ms: float | None = None
+    loop_lag_p99_ms: float | None = None
+    loop: LoopActivity | None = None  # None when the endpoint has no event loop (WSGI, sync function)
+    cpu_cores_busy: float | None = None  # process CPU time / wall time during the phase
+    gil_wait_p50_ms: float | None = None  # how late a thread that only wants the GIL gets it
+    worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
+
+
+@dataclass
+class BatchProbe:
+    """The captured model input replayed alone, without probes, at several batch sizes."""
+
+    per_item_ms: dict[str, float] = field(default_factory=dict)
+    best_batch: int | None = None
+    gain: float | None = None  # per-item time at batch 1 / at the best batch
+    grad_ratio: float | None = None  # autograd on / inference_mode, batch 1
+    train_ratio: float | None = None  # as the endpoint runs it / eval(), batch 1
+    forward_ms: float | None = None  # batch 1 under inference_mode
+    error: str | None = None
+
+
+@dataclass
+class Environment:
+    cuda_available: bool = False
+    torch_threads: int | None = None
+    cpus_available: float | None = None
+    workers: int = 1
+
+
+@dataclass
+class Evidence:
+    """Everything the rules may read. ``stages`` and ``p50_ms`` come from the Report's own
+    statistics; the rest from the doctor's phases."""
+
+    target_kind: str = ""
+    cold: Cold | None = None
+    warm: Warm | None = None
+    concurrent: Concurrent | None = None
+    batch_probe: BatchProbe | None = None
+    environment: Environment | None = None
+    hot_spots: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    #: section name -> why it is absent (said by the run that left it out)
+    missing: dict[str, str] = field(default_factory=dict)
+    #: probe name -> why it was switched off mid-run
+    probes_disabled: dict[str, str] = field(default_factory=dict)
+    #: why the probed measurements were dropped for unprobed ones, when they were
+    probes_at_fault: str | None = None
+    scaling: float | None = None
+    # from the Report, not saved under "evidence"
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"report": True})
+    p50_ms: float = field(default=0.0, metadata={"report": True})
+
+    def need(self, name: str) -> Any:
+        """The section ``name``, or ``MissingEvidence`` saying why this run has none."""
+        value = getattr(self, name)
+        if value is None:
+            why = self.missing.get(name) or f"this run has no {name.replace('_', ' ')} measurement"
+            raise MissingEvidence(why)
+        return value
+
+    def need_probes(self, *names: str) -> None:
+        """Raise ``MissingEvidence`` when the probes these counts come from were not all on
+        for the whole run (switched off mid-run, or dropped because they broke requests)."""
+        if self.probes_at_fault:
+            if self.target_kind == "url":
+                raise MissingEvidence(self.probes_at_fault)
+            raise MissingEvidence(f"the probes were switched off: {self.probes_at_fault}")
+        for name, why in self.probes_disabled.items():
+            if any(name.startswith(n) for n in names):
+                raise MissingEvidence(f"the {name} probe was switched off mid-run ({why})")
+
+    def missing_error(self, name: str, default: str) -> MissingEvidence:
+        """The error for a measurement this run lacks: the run's own reason, or ``default``."""
+        return MissingEvidence(self.missing.get(name) or default)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("report"):
+                value = getattr(self, f.name)
+                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, **report_fields: Any) -> Evidence:
+        """Rebuild from the JSON form; unknown keys are ignored (newer writers), absent ones
+        take their defaults (older writers). A value of the wrong type is a ReportError."""
+        ev = _build(cls, data, "evidence")
+        for k, v in report_fields.items():
+            setattr(ev, k, v)
+        return ev
+
+    @classmethod
+    def from_report(cls, report: Any) -> Evidence:
+        data = report.extra.get("evidence")
+        if data is None:
+            raise MissingEvidence("this report has no doctor evidence (it was not made by `servescope doctor`)")
+        warm_p50 = (data.get("warm") or {}).get("p50_ms") if isinstance(data, dict) else None
+        p50 = report.latency.get("p50_ms") or warm_p50 or 0.0
+        return cls.from_dict(data, stages=report.stages, p50_ms=float(p50))
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ReportError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data or f.metadata.get("report"):
+            continue
+        value = data[f.name]
+        kwargs[f.name] = _coerce(hints[f.name], value, f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    options = get_args(hint) if get_origin(hint) is not None and type(None) in get_args(hint) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ReportError(f"{where}: may not be null")
+    for opt in options:
+        if opt is type(None):
+            continue
+        if dataclasses.is_dataclass(opt):
+            return _build(opt, value, where)
+        base = get_origin(opt) or opt
+        if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if base is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if base in (str, bool, list, dict) and isinstance(value, base):
+            return value
+    raise ReportError(f"{where}: unexpected {type(value).__name__} {value!r:.60}")

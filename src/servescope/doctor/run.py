@@ -1,0 +1,427 @@
+"""The doctor's run: drive the endpoint through its phases under probes, keep the evidence,
+and decide whether it can be diagnosed at all.
+
+    report = diagnose(load_target("app.py:app"), payload={"text": "hi"})
+
+Phases, each with a deadline (never longer than ``timeout_s``): start; one cold request;
+sequential warm requests (the stage breakdown, under the sampler); a concurrent phase (does
+it batch? is the event loop blocked? is the GIL? does it scale?); a model-only batch probe
+that replays a captured model input at batch sizes 1..16 without the probes.
+
+When the warm requests fail, there is nothing to diagnose: the report's verdict says so,
+with the failures by kind (and, for an app answering 404/405, its routes). When they fail
+only under the probes, the probes are at fault: the run says so and measures again without
+them, rather than blame the endpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..environment import available_cpus
+from ..exceptions import EndpointError
+from ..recorder import Recorder
+from ..report import Report
+from .attribution import split_other, stage_windows
+from .evidence import (
+    BatchProbe,
+    Cold,
+    Concurrent,
+    Environment,
+    Evidence,
+    Forwards,
+    Warm,
+)
+from .probes import Probes
+from .sampler import StackSampler
+from .targets import UNFINISHED, Observation, Target, make_target, payload_bytes
+
+__all__ = ["DoctorOptions", "Verdict", "diagnose"]
+
+
+@dataclass
+class DoctorOptions:
+    path: str = "/predict"
+    requests: int = 30
+    concurrency: int = 8
+    concurrent_requests: int = 48
+    timeout_s: float = 30.0
+    max_seconds: float = 40.0
+    batch_probe: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class Verdict:
+    """Whether the run measured enough to diagnose, and if not, why."""
+
+    diagnosed: bool = True
+    reason: str = ""
+    #: failed requests by kind, all phases
+    failures: dict[str, int] = field(default_factory=dict)
+    #: for an app that answered 404/405: its routes ("POST /search") and what to pass
+    routes: list[str] = field(default_factory=list)
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: At least this many warm requests, and this share of them, must succeed to diagnose.
+MIN_OK_REQUESTS, MIN_OK_SHARE = 3, 0.5
+
+
+def _kind(error: str) -> str:
+    return error.split(":", 1)[0]
+
+
+def _forwards(obs: list[Observation]) -> Forwards:
+    forwards = [f for o in obs for f in o.evidence.get("forwards", [])]
+    per_request = [len(o.evidence.get("forwards", [])) for o in obs if o.error is None]
+    timed = [f["ms"] for f in forwards if "ms" in f]
+    return Forwards(
+        count=len(forwards),
+        per_request=round(statistics.mean(per_request), 2) if per_request else 0.0,
+        batch_sizes=sorted({f["batch"] for f in forwards if f.get("batch") is not None}),
+        max_batch=max((f["batch"] or 0 for f in forwards), default=0),
+        training=sum(1 for f in forwards if f["training"]),
+        training_changes_output=sum(1 for f in forwards if f["training_changes_output"]),
+        grad=sum(1 for f in forwards if f["grad"]),
+        on_event_loop=sum(1 for f in forwards if f["on_event_loop"]),
+        param_devices=sorted({f["param_device"] for f in forwards if f.get("param_device")}),
+        input_devices=sorted({f["input_device"] for f in forwards if f.get("input_device")}),
+        mean_ms=round(statistics.mean(timed), 4) if timed else None,
+        modules=sorted({f["module"] for f in forwards}),
+    )
+
+
+def _mean(values: list[float]) -> float:
+    return round(statistics.mean(values), 4) if values else 0.0
+
+
+def _warm(obs: list[Observation]) -> Warm:
+    ok = [o for o in obs if o.error is None]
+
+    def per(key: str) -> float:
+        return round(statistics.mean(o.evidence.get(key, 0) for o in ok), 3) if ok else 0.0
+
+    return Warm(
+        requests=len(obs),
+        errors=sum(1 for o in obs if o.error),
+        p50_ms=round(float(np.percentile([o.latency_ms for o in ok], 50)), 4) if ok else None,
+        loads_per_request=per("loads"),
+        load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
+        load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),
+        constructed_per_request=per("constructed"),
+        construct_ms_per_request=_mean(
+            [((o.evidence["last_init_ns"] - o.evidence["first_init_ns"]) / 1e6) if o.evidence.get("first_init_ns") else 0.0 for o in ok]
+        ),
+        module_moves_per_request=per("module_moves"),
+        h2d_per_request=per("h2d"),
+        d2h_per_request=per("d2h"),
+        small_copies_per_request=per("small_copies"),
+        unpinned_async_per_request=per("unpinned_async"),
+        syncs_per_request=per("syncs"),
+        copy_bytes_per_request=per("copy_bytes"),
+        forwards=_forwards(obs),
+        errors_sample=sorted({o.error for o in obs if o.error})[:3],
+    )
+
+
+def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1000
+
+
+def batch_probe(torch: Any, model: Any, x: Any, sizes: tuple[int, ...]) -> BatchProbe:
+    """Time ``model`` on ``x`` (its first row replicated) at several batch sizes under
+    ``inference_mode``, then at batch 1 with autograd on and in eval mode. The model's
+    training flags are restored, module by module."""
+
+    def rows(b: int) -> Any:
+        if isinstance(x, dict):
+            return {k: (torch.cat([v[:1]] * b) if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+        return torch.cat([x[:1]] * b)
+
+    one = rows(1)
+    out = BatchProbe()
+    try:
+        with torch.inference_mode():
+            for b in sizes:
+                xb = rows(b)
+                out.per_item_ms[str(b)] = round(_best_ms(lambda: model(xb)) / b, 4)
+        per_item = out.per_item_ms
+        best = min(per_item, key=per_item.__getitem__)
+        out.best_batch = int(best)
+        out.gain = round(per_item[str(sizes[0])] / per_item[best], 3) if per_item[best] else None
+        with torch.inference_mode():
+            t_inf = _best_ms(lambda: model(one))
+        with torch.enable_grad():
+            t_grad = _best_ms(lambda: model(one))
+        out.grad_ratio = round(t_grad / t_inf, 3) if t_inf else None
+        modes = [(m, m.training) for m in model.modules() if hasattr(m, "training")]
+        try:
+            with torch.inference_mode():
+                t_train = _best_ms(lambda: model(one))  # as the endpoint runs it
+                model.eval()
+                t_eval = _best_ms(lambda: model(one))
+        finally:
+            for m, flag in modes:
+                m.training = flag
+        out.train_ratio = round(t_train / t_eval, 3) if t_eval else None
+        out.forward_ms = round(t_inf, 4)
+    except Exception as exc:  # the probe is a bonus: its failure is data
+        out.error = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+class _Run:
+    """One doctor run over one target. ``execute()`` fills the fields; ``report()`` builds
+    the Report from them."""
+
+    def __init__(self, target: Target, payload: Any, options: DoctorOptions, tick: Callable[[str, float], None]) -> None:
+        self.target, self.payload, self.options, self.tick = target, payload, options, tick
+        self.body = payload_bytes(payload)
+        self.probes = Probes()
+        self.sampler = StackSampler()
+        self.started = time.perf_counter()
+        self.cold: Observation | None = None
+        self.warm: list[Observation] = []
+        self.conc: list[Observation] = []
+        self.conc_elapsed = 0.0
+        self.concurrent_extra: dict[str, Any] = {}
+        self.probe: BatchProbe | None = None
+        self.missing: dict[str, str] = {}
+        self.probes_at_fault: str | None = None
+        self.start_error: str | None = None
+
+    def _left(self) -> float:
+        return self.options.max_seconds - (time.perf_counter() - self.started)
+
+    def _warm_phase(self, budget_s: float) -> list[Observation]:
+        o, out = self.options, []
+        deadline = time.perf_counter() + budget_s
+        for i in range(o.requests):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            obs = self.target.request(self.payload, self.body, min(o.timeout_s, left))
+            out.append(obs)
+            self.tick("sequential requests", (i + 1) / o.requests)
+            if obs.error and obs.error.startswith("timeout"):
+                break  # a handler that does not answer: the next ones would only queue behind it
+        return out
+
+    def execute(self) -> None:
+        o = self.options
+        self.probes.install()
+        try:
+            try:
+                self.target.start(o.timeout_s)
+            except EndpointError as exc:
+                self.start_error = str(exc)
+                return
+            self.tick("cold request", 0.0)
+            self.cold = self.target.request(self.payload, self.body, o.timeout_s)
+            with self.sampler:
+                self.warm = self._warm_phase(min(o.timeout_s, max(self._left() * 0.5, 1.0)))
+                if any(w.error for w in self.warm):
+                    self._check_the_probes()
+                if not any(w.error is None for w in self.warm):
+                    return  # nothing succeeded: more load would only repeat the failure
+                self._concurrent_phase()
+            self.tick("batch probe", 0.0)
+            self._batch_probe()
+        finally:
+            self.probes.remove()
+            self.target.stop()
+
+    def _check_the_probes(self) -> None:
+        """Some requests failed under the probes: one request without them tells whose fault
+        it is. If it succeeds, the probes are, and the run measures again without them."""
+        self.probes.remove()
+        bare = self.target.request(self.payload, self.body, self.options.timeout_s)
+        if bare.error is None:
+            first = next(w.error for w in self.warm if w.error)
+            self.probes_at_fault = f"requests failed under the probes ({first}) and succeeded without them"
+            self.missing.update(
+                {
+                    "warm.forwards": "the probes were switched off (" + self.probes_at_fault + ")",
+                    "batch_probe": "the probes were switched off, so no model input was captured",
+                }
+            )
+            self.warm = self._warm_phase(min(self.options.timeout_s, max(self._left() * 0.5, 1.0)))
+        else:
+            self.probes.install()
+
+    def _concurrent_phase(self) -> None:
+        o = self.options
+        self.tick("concurrent requests", 0.0)
+        budget = min(o.timeout_s, max(self._left() * 0.75, 1.0))
+        cpu0, t0 = time.process_time(), time.perf_counter_ns()
+        self.conc, self.conc_elapsed = self.target.concurrent(self.payload, self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
+        cpu1, t1 = time.process_time(), time.perf_counter_ns()
+        self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
+        loop_tid = self.target.loop_thread_id
+        exclude = {threading.main_thread().ident or 0, loop_tid or 0}
+        exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler"))}
+        self.concurrent_extra = {
+            "loop": self.sampler.loop_activity(loop_tid, t0, t1) if loop_tid else None,
+            "cpu_cores_busy": round((cpu1 - cpu0) / ((t1 - t0) / 1e9), 2) if t1 > t0 else None,
+            "gil_wait_p50_ms": self.sampler.gil_wait_p50_ms(t0, t1),
+            "worker_hot_spot": self.sampler.threads_hot_spot(t0, t1, exclude),
+        }
+
+    def _batch_probe(self) -> None:
+        torch, model, x = self.probes.torch, self.probes.captured.get("model"), self.probes.captured.get("input")
+        if torch is None or model is None or x is None:
+            self.missing.setdefault("batch_probe", "batch probe skipped: no model input was captured (no torch.nn.Module was called with a tensor or a dict of tensors)")
+            return
+        result: list[BatchProbe] = []
+        t = threading.Thread(target=lambda: result.append(batch_probe(torch, model, x, self.options.batch_probe)), daemon=True, name="servescope-batch-probe")
+        t.start()
+        t.join(self.options.timeout_s)
+        if result:
+            self.probe = result[0]
+        else:
+            self.missing["batch_probe"] = f"batch probe abandoned: it did not finish within {self.options.timeout_s:g} s"
+
+    # -- the report ----------------------------------------------------------------------------
+    def verdict(self) -> Verdict:
+        every = [o for o in [self.cold, *self.warm, *self.conc] if o is not None and o.error]
+        failures: dict[str, int] = {}
+        for o in every:
+            failures[_kind(o.error)] = failures.get(_kind(o.error), 0) + 1  # type: ignore[arg-type]
+        v = Verdict(failures=failures)
+        if self.start_error:
+            v.diagnosed, v.reason = False, self.start_error
+            return v
+        ok = [w for w in self.warm if w.error is None]
+        if len(ok) >= max(MIN_OK_REQUESTS, math.ceil(MIN_OK_SHARE * len(self.warm))):
+            return v
+        v.diagnosed = False
+        if not self.warm:
+            v.reason = "no warm request ran: " + (f"the first request failed ({self.cold.error})" if self.cold and self.cold.error else "the time ran out")
+        else:
+            errors = [w.error for w in self.warm if w.error]
+            v.reason = f"{len(errors)} of {len(self.warm)} warm requests failed; the first: {errors[0]}"
+        statuses = {o.status for o in [self.cold, *self.warm] if o is not None and o.error}
+        if statuses & {404, 405}:
+            routes = self.target.routes()
+            v.routes = [f"{' '.join(m) or 'ANY'} {p}" for p, m in routes]
+            posts = [p for p, m in routes if "POST" in m and p != self.options.path]
+            v.hint = (
+                f"the app has no POST route at {self.options.path}: try --path {posts[0]}"
+                if posts
+                else f"the app has no POST route at {self.options.path}; its routes are listed above"
+            )
+        elif 422 in statuses or 400 in statuses:
+            v.hint = "the app rejected the payload: make --payload a body the endpoint accepts"
+        return v
+
+    def report(self, target_name: str) -> Report:
+        o = self.options
+        rec = Recorder()
+        is_http = self.target.kind != "function"
+        for w in self.warm:  # the cold request is reported on its own (first_ms), not in the statistics
+            stages = split_other(w.trace, w.evidence) if w.trace is not None else {}
+            if w.trace is not None and is_http:  # what the server did not see
+                stages["network+client"] = max(w.latency_ms - (w.trace.total_ms or 0.0), 0.0)
+            rec.record_durations(stages, w.latency_ms, error=w.error)
+        report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
+        verdict = self.verdict()
+        report.extra["verdict"] = verdict.to_dict()
+        if self.cold is not None:
+            report.latency["first_ms"] = round(self.cold.latency_ms, 4)
+        failures = sorted({x.error for x in [self.cold, *self.warm, *self.conc] if x is not None and x.error})
+        if failures:
+            report.extra["endpoint_errors"] = failures[:5]
+        if self.probes.disabled:
+            report.extra["probes_disabled"] = dict(self.probes.disabled)
+        if not verdict.diagnosed:
+            report.meta["diagnosed"] = False
+            return report
+        warm = _warm(self.warm)
+        if "warm.forwards" in self.missing:
+            warm.forwards = Forwards()
+        ok_warm = [w for w in self.warm if w.error is None]
+        conc_ok = [c for c in self.conc if c.error is None]
+        seq_rps = 1000 / statistics.mean(w.latency_ms for w in ok_warm) if ok_warm else None
+        lag = list(self.target.lag_ms)
+        torch = self.probes.torch
+        concurrent = Concurrent(
+            concurrency=o.concurrency,
+            requests=len(self.conc),
+            errors=sum(1 for c in self.conc if c.error),
+            throughput_rps=round(len(conc_ok) / self.conc_elapsed, 2) if self.conc_elapsed else None,
+            sequential_rps=round(seq_rps, 2) if seq_rps else None,
+            p50_ms=round(float(np.percentile([c.latency_ms for c in conc_ok], 50)), 3) if conc_ok else None,
+            forwards=_forwards(self.conc) if self.probes_at_fault is None else None,
+            loop_lag_max_ms=round(max(lag), 3) if lag else None,
+            loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,
+            **self.concurrent_extra,
+        )
+        windows: dict[str, list[tuple[int, int]]] = {}
+        for w in ok_warm:
+            if w.trace is not None:
+                for k, v in stage_windows(w.trace, w.evidence).items():
+                    windows.setdefault(k, []).extend(v)
+        cold = self.cold or Observation(0.0)
+        evidence = Evidence(
+            target_kind=self.target.kind,
+            cold=Cold(
+                latency_ms=round(cold.latency_ms, 3),
+                error=cold.error,
+                loads=cold.evidence.get("loads", 0),
+                constructed=cold.evidence.get("constructed", 0),
+                load_calls=[label for label, _ in cold.evidence.get("load_calls", [])],
+            ),
+            warm=warm,
+            concurrent=concurrent,
+            batch_probe=self.probe,
+            environment=Environment(
+                cuda_available=bool(torch is not None and torch.cuda.is_available()),
+                torch_threads=torch.get_num_threads() if torch is not None else None,
+                cpus_available=available_cpus(),
+                workers=1,
+            ),
+            hot_spots=self.sampler.hot_spots(windows),
+            seconds=round(time.perf_counter() - self.started, 2),
+            missing=self.missing,
+            probes_disabled=dict(self.probes.disabled),
+            probes_at_fault=self.probes_at_fault,
+        )
+        report.extra["evidence"] = evidence.to_dict()
+        from ..rules import diagnose_report
+
+        report.findings = diagnose_report(report)
+        return report
+
+
+def diagnose(
+    obj: Any,
+    *,
+    payload: Any,
+    options: DoctorOptions | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    target_name: str = "",
+) -> Report:
+    """Run the endpoint under probes, in this process, and return the Report: its verdict
+    (``extra["verdict"]``), findings and what could not be checked. The command line runs
+    this in a child process (``isolate.py``); call it directly for an endpoint you trust
+    to return."""
+    options = options or DoctorOptions()
+    run = _Run(make_target(obj, path=options.path), payload, options, progress or (lambda phase, frac: None))
+    run.execute()
+    return run.report(target_name)

@@ -1,0 +1,138 @@
+"""A small sampling profiler: where each thread is, every couple of milliseconds.
+
+It answers three of the doctor's questions: the hot spot inside a slow stage (samples that
+fall in the stage's time windows), whether the event loop's own thread was running code or
+waiting (samples of that thread), and whether the GIL is held by Python code (how late the
+sampler itself wakes up: a thread that only wants the GIL gets it late when other threads
+are busy in Python, on time when they run native code that releases it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+from .evidence import LoopActivity
+
+__all__ = ["StackSampler"]
+
+
+class StackSampler:
+    """Every ``interval`` it notes, for each thread, the innermost frame outside servescope
+    and the threading machinery (``None`` when the thread is waiting: in a selector, a queue,
+    a lock, a socket), with a timestamp, so samples can be attributed to time windows."""
+
+    _SKIP = ("servescope" + os.sep, os.sep + "threading.py", os.sep + "concurrent" + os.sep, os.sep + "selectors.py")
+    _IDLE = ("queue.py", "socket.py", "selectors.py", "threading.py", "base_events.py", "runners.py", "ssl.py", "socketserver.py")
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        #: (time ns, thread id, where or None when waiting)
+        self.samples: list[tuple[int, int, str | None]] = []
+        #: (time ns, how late the sampler woke, ms)
+        self.lateness: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="servescope-sampler")
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(1)
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        interval_ns = int(self.interval * 1e9)
+        while True:
+            asked = time.perf_counter_ns()
+            if self._stop.wait(self.interval):
+                return
+            now = time.perf_counter_ns()
+            self.lateness.append((now, max(0, now - asked - interval_ns) / 1e6))
+            for tid, frame in sys._current_frames().items():
+                if tid != me:
+                    self.samples.append((now, tid, self._where(frame)))
+
+    def _where(self, frame: Any) -> str | None:
+        if frame.f_code.co_filename.endswith(self._IDLE):  # a thread waiting, not working
+            return None
+        f = frame
+        while f is not None:
+            name = f.f_code.co_filename
+            if not any(part in name for part in self._SKIP):
+                short = os.sep.join(name.split(os.sep)[-2:])
+                return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+            f = f.f_back
+        return None
+
+    @staticmethod
+    def _top(counts: dict[str, int], n: int, top: int) -> str:
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return "; ".join(f"{w} ({c * 100 // n}% of {n} samples)" for w, c in best)
+
+    def hot_spots(self, windows: dict[str, list[tuple[int, int]]], top: int = 2) -> dict[str, str]:
+        """Per stage: the top frames among the working samples inside its windows."""
+        out = {}
+        for stage_name, spans in windows.items():
+            if not spans:
+                continue
+            spans = sorted(spans)
+            starts = [lo for lo, _ in spans]
+            counts: dict[str, int] = {}
+            n = 0
+            for t, _, where in self.samples:
+                if where is None:
+                    continue
+                i = bisect.bisect_right(starts, t) - 1
+                if i >= 0 and t <= spans[i][1]:
+                    counts[where] = counts.get(where, 0) + 1
+                    n += 1
+            if n:
+                out[stage_name] = self._top(counts, n, top)
+        return out
+
+    def loop_activity(self, tid: int, start_ns: int, end_ns: int) -> LoopActivity:
+        """How the event loop's thread spent ``[start_ns, end_ns]``."""
+        mine = [(t, w) for t, tt, w in self.samples if tt == tid and start_ns <= t <= end_ns]
+        busy = [(t, w) for t, w in mine if w is not None]
+        longest, run_start = 0.0, None
+        for t, w in mine:
+            if w is None:
+                run_start = None
+                continue
+            if run_start is None:
+                run_start = t
+            longest = max(longest, (t - run_start) / 1e6 + self.interval * 1000)
+        counts: dict[str, int] = {}
+        for _, w in busy:
+            counts[w] = counts.get(w, 0) + 1  # type: ignore[index]
+        return LoopActivity(
+            samples=len(mine),
+            busy_samples=len(busy),
+            busy_share=round(len(busy) / len(mine), 3) if mine else 0.0,
+            longest_busy_ms=round(longest, 2),
+            hot_spot=self._top(counts, len(busy), 2) if busy else "",
+        )
+
+    def threads_hot_spot(self, start_ns: int, end_ns: int, exclude: set[int], top: int = 2) -> str:
+        """The top frames of the working samples of every thread not in ``exclude``."""
+        counts: dict[str, int] = {}
+        n = 0
+        for t, tid, where in self.samples:
+            if where is not None and tid not in exclude and start_ns <= t <= end_ns:
+                counts[where] = counts.get(where, 0) + 1
+                n += 1
+        return self._top(counts, n, top) if n else ""
+
+    def gil_wait_p50_ms(self, start_ns: int, end_ns: int) -> float | None:
+        """The median of how late the sampler woke in the window: the time a thread that
+        only wants the GIL waits for it."""
+        late = [ms for t, ms in self.lateness if start_ns <= t <= end_ns]
+        return round(statistics.median(late), 3) if late else None

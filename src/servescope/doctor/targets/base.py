@@ -1,0 +1,55 @@
+"""What every target gives the doctor: start, one request, a concurrent phase, stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ...timing import Trace
+
+__all__ = ["UNFINISHED", "Observation", "Target"]
+
+#: The error of a request still running when its phase's time ran out: not counted as a failure.
+UNFINISHED = "unfinished at the end"
+
+
+@dataclass
+class Observation:
+    """One request as the doctor saw it: the client's latency and error, the server-side
+    trace and the probes' evidence for it (when the request was seen inside the process)."""
+
+    latency_ms: float
+    status: int | None = None
+    error: str | None = None
+    trace: Trace | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class Target(Protocol):
+    """An endpoint the doctor can drive: a function, an ASGI app or a WSGI app."""
+
+    kind: str
+    #: how late the event loop woke a sleeping task (ms), for targets with a loop
+    lag_ms: list[float]
+
+    @property
+    def loop_thread_id(self) -> int | None:
+        """The thread running the endpoint's event loop, or None when it has none."""
+
+    def start(self, timeout_s: float) -> None:
+        """Be ready to take requests within ``timeout_s`` (raise ``EndpointError`` if not)."""
+
+    def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
+        """One request; a handler that does not answer within ``timeout_s`` is abandoned."""
+
+    def concurrent(
+        self, payload: Any, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+    ) -> tuple[list[Observation], float]:
+        """``requests`` requests from ``concurrency`` callers, within ``max_seconds``; those
+        still running then are marked ``UNFINISHED``."""
+
+    def routes(self) -> list[tuple[str, list[str]]]:
+        """The app's routes and their methods (empty for a function)."""
+
+    def stop(self) -> None:
+        """Stop serving; never waits long for a handler that will not return."""

@@ -1,0 +1,192 @@
+"""A plain callable, called with the parsed payload in the doctor's process.
+
+``def`` handlers run on daemon worker threads (a handler that never returns is abandoned
+and cannot keep the process alive); ``async def`` handlers run on one event loop in a
+daemon thread, as a server would run them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable
+
+from ...timing import Trace
+from ..probes import new_evidence, set_evidence
+from .base import UNFINISHED, Observation
+
+__all__ = ["FunctionTarget", "describe_failure", "lag_monitor"]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The endpoint's exception as report text. ``SystemExit`` and ``KeyboardInterrupt``
+    raised by a handler are its failures too, not a reason for the doctor to stop."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: the handler called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _DaemonPool:
+    """Worker threads that are daemons: the doctor can always exit, whatever a handler does.
+    Grows on demand up to ``size``; a thread stuck in a handler is simply lost."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._idle == 0 and len(self._threads) < self.size:
+                t = threading.Thread(target=self._work, daemon=True, name=f"servescope-call-{len(self._threads)}")
+                self._threads.append(t)
+                t.start()
+            else:
+                self._idle -= 1
+        self._jobs.put((fut, fn))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fut, fn = job
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: B036 - the handler's failure is data
+                    fut.set_exception(exc)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+
+
+class FunctionTarget:
+    kind = "function"
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._pool = _DaemonPool(32)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.lag_ms: list[float] = []
+
+    @property
+    def loop_thread_id(self) -> int | None:
+        return self._thread.ident if self._thread is not None else None
+
+    def routes(self) -> list[tuple[str, list[str]]]:
+        return []
+
+    def start(self, timeout_s: float) -> None:
+        if self.is_async:  # async handlers run on one event loop, as a server would
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="servescope-loop")
+            self._thread.start()
+            asyncio.run_coroutine_threadsafe(lag_monitor(self.lag_ms), self._loop)
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is not None:
+
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(1)
+            except BaseException:  # noqa: B036 - a handler that holds the loop: leave it to the daemon thread
+                pass
+            loop.call_soon_threadsafe(loop.stop)
+            if self._thread is not None:
+                self._thread.join(1)
+            if not loop.is_running():
+                loop.close()
+        self._pool.shutdown()
+
+    def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
+        ev = new_evidence()
+        tr = Trace()
+        t0 = time.perf_counter_ns()
+        if self.is_async:
+            assert self._loop is not None
+
+            async def run() -> Any:
+                set_evidence(ev)
+                with tr:
+                    return await self.fn(payload)
+
+            fut: Any = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        else:
+
+            def run_sync() -> Any:
+                set_evidence(ev)
+                with tr:
+                    return self.fn(payload)
+
+            fut = self._pool.submit(lambda: contextvars.copy_context().run(run_sync))
+        err = None
+        try:
+            fut.result(timeout_s)
+        except (FutureTimeout, TimeoutError):
+            fut.cancel()
+            err = f"timeout: no answer within {timeout_s:g} s"
+        except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from the handler
+            err = describe_failure(exc)
+        latency = (time.perf_counter_ns() - t0) / 1e6
+        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev)
+
+    def concurrent(
+        self, payload: Any, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+    ) -> tuple[list[Observation], float]:
+        t0 = time.perf_counter()
+        deadline = t0 + max_seconds
+        obs: list[Observation] = []
+        lock = threading.Lock()
+        budget = [requests]
+
+        def caller() -> None:
+            while True:
+                left = deadline - time.perf_counter()
+                with lock:
+                    if budget[0] <= 0 or left <= 0:
+                        return
+                    budget[0] -= 1
+                wait = min(timeout_s, left)
+                o = self.request(payload, body, wait)
+                if o.error and o.error.startswith("timeout") and wait < timeout_s:
+                    o.error = UNFINISHED  # cut off by the phase's budget, not the endpoint's fault
+                with lock:
+                    obs.append(o)
+
+        threads = [threading.Thread(target=caller, daemon=True, name="servescope-caller") for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(deadline - time.perf_counter(), 0) + 1)
+        with lock:
+            return list(obs), time.perf_counter() - t0
+
+
+async def lag_monitor(out: list[float], interval: float = 0.005) -> None:
+    """How late the loop wakes a task that sleeps ``interval``: time it was blocked."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(interval)
+        out.append(max(0.0, (time.perf_counter() - t0 - interval) * 1000))

@@ -1,0 +1,254 @@
+"""Apps served inside the doctor's process on a loopback port and driven with real HTTP:
+uvicorn for ASGI (FastAPI, Starlette), a threading WSGI server for WSGI (Flask).
+
+Real HTTP parsing, validation and serialization run, and the probes see inside the
+handler: each request gets a trace (from servescope's middleware) and an evidence record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import socket
+import threading
+import time
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from ...exceptions import EndpointError
+from ...middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
+from ...timing import Trace
+from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
+from .base import UNFINISHED, Observation
+from .function import lag_monitor
+
+__all__ = ["ASGITarget", "WSGITarget", "free_port"]
+
+
+class _Collector:
+    """An exporter that keeps each finished server-side trace with its evidence."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Trace, dict[str, Any] | None]] = []
+        self.lock = threading.Lock()
+
+    def export(self, trace: Trace, info: Any) -> None:
+        with self.lock:
+            self.items.append((trace, current_evidence()))
+
+
+class _HTTPTarget:
+    """What the ASGI and WSGI targets share: the client side."""
+
+    kind = "http"
+    path = "/predict"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.collector = _Collector()
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.lag_ms: list[float] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.path}"
+
+    @property
+    def loop_thread_id(self) -> int | None:
+        return None
+
+    def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
+        before = len(self.collector.items)
+        t0 = time.perf_counter_ns()
+        status, err = None, None
+        deadline = time.monotonic() + timeout_s
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        try:
+            conn.request("POST", self.path, body=body, headers={"Content-Type": "application/json"})
+            conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            resp = conn.getresponse()
+            data = resp.read()
+            status = resp.status
+            if status >= 400:
+                err = f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}"
+        except socket.timeout:
+            err = f"timeout: no answer within {timeout_s:g} s"
+        except (OSError, http.client.HTTPException) as exc:
+            err = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+        latency = (time.perf_counter_ns() - t0) / 1e6
+        wait_until = time.monotonic() + 1.0  # the server records just after the last byte
+        while len(self.collector.items) == before and time.monotonic() < wait_until and err is None:
+            time.sleep(0.0005)
+        tr, ev = (None, None)
+        with self.collector.lock:
+            if len(self.collector.items) > before:
+                tr, ev = self.collector.items[-1]
+        return Observation(latency, status, err, tr, ev or {})
+
+    def concurrent(
+        self, payload: Any, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+    ) -> tuple[list[Observation], float]:
+        from ...loadgen import LoadGenerator, Target, build_requests, error_kind
+
+        target = Target.parse(self.url)
+        raw = build_requests(target, method="POST", bodies=[body], content_type="application/json")
+        before = len(self.collector.items)
+        gen = LoadGenerator(target, raw, timeout_s=min(timeout_s, max_seconds))
+        t0 = time.perf_counter()
+
+        async def run() -> list[Any]:
+            task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests, drain_s=0.5))
+            done, _ = await asyncio.wait({task}, timeout=max_seconds)
+            if not done:
+                gen.stop()
+            done, _ = await asyncio.wait({task}, timeout=2.0)
+            return task.result() if done else []
+
+        results = asyncio.run(run())
+        elapsed = time.perf_counter() - t0
+        with self.collector.lock:
+            traces = self.collector.items[before:]
+        obs = []
+        # traces arrive in the order the server finished them, results in the order the client
+        # saw them: the same order for all but near-ties, and only their aggregates are used
+        for i, r in enumerate(results):
+            err = error_kind(r)
+            tr, ev = traces[i] if i < len(traces) else (None, None)
+            obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}))
+        for o in obs:
+            if o.error == "unfinished at the end":
+                o.error = UNFINISHED
+        return obs, elapsed
+
+
+class _EvidenceASGI:
+    """Sets a fresh evidence record for each request; starts the loop-lag monitor once."""
+
+    def __init__(self, app: Any, lag_ms: list[float]) -> None:
+        self.app = app
+        self.lag_ms = lag_ms
+        self._monitor: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if self._monitor is None:
+                self._monitor = asyncio.ensure_future(lag_monitor(self.lag_ms))
+            token = set_evidence(new_evidence())
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                reset_evidence(token)
+        else:
+            await self.app(scope, receive, send)
+
+
+class ASGITarget(_HTTPTarget):
+    kind = "asgi"
+
+    def __init__(self, app: Any, path: str) -> None:
+        super().__init__(path)
+        self.user_app = app
+        inner = ServescopeMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
+        self.app = _EvidenceASGI(inner, self.lag_ms)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def loop_thread_id(self) -> int | None:
+        return self._thread.ident if self._thread is not None else None
+
+    def routes(self) -> list[tuple[str, list[str]]]:
+        out = []
+        for r in getattr(self.user_app, "routes", None) or []:
+            path = getattr(r, "path", None)
+            if isinstance(path, str):
+                out.append((path, sorted(getattr(r, "methods", None) or [])))
+        return out
+
+    def start(self, timeout_s: float) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="error", access_log=False, lifespan="auto")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="servescope-uvicorn")
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise EndpointError("the app did not start: its start-up (lifespan) failed; run it alone to see why")
+            if time.monotonic() > deadline:
+                raise EndpointError(f"the app did not start within {timeout_s:g} s (--timeout)")
+            time.sleep(0.01)
+        while time.monotonic() < deadline and self._get("/ready") == 503:  # it loads in the background
+            time.sleep(0.05)
+
+    def _get(self, path: str) -> int | None:
+        try:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
+            conn.request("GET", path)
+            status = conn.getresponse().status
+            conn.close()
+            return status
+        except OSError:
+            return None
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True  # a handler that never returns is not waited for
+        if self._thread is not None:
+            self._thread.join(2)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args: Any) -> None:  # the doctor reports; no access log
+        pass
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    block_on_close = False
+
+
+class WSGITarget(_HTTPTarget):
+    kind = "wsgi"
+
+    def __init__(self, app: Any, path: str) -> None:
+        super().__init__(path)
+        self.user_app = app
+        inner = ServescopeWSGIMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
+
+        def with_evidence(environ: dict[str, Any], start_response: Any) -> Any:
+            set_evidence(new_evidence())  # each request has its own server thread
+            return inner(environ, start_response)
+
+        self.app = with_evidence
+        self._server: Any = None
+
+    def routes(self) -> list[tuple[str, list[str]]]:
+        url_map = getattr(self.user_app, "url_map", None)
+        if url_map is None:
+            return []
+        return [(r.rule, sorted(m for m in (r.methods or ()) if m not in ("HEAD", "OPTIONS"))) for r in url_map.iter_rules()]
+
+    def start(self, timeout_s: float) -> None:
+        self._server = _ThreadingWSGIServer((self.host, 0), _QuietHandler)
+        self._server.set_app(self.app)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="servescope-wsgi").start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

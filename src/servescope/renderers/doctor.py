@@ -1,0 +1,84 @@
+"""The doctor's part of the terminal view: the verdict first, then findings worst first
+(each with its saving in the unit it really has), then what was not checked and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.padding import Padding
+from rich.syntax import Syntax
+from rich.text import Text
+
+from ..report import Finding, Report
+
+__all__ = ["doctor_sections", "saving_text"]
+
+_SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def saving_text(f: Finding) -> str:
+    if not f.saving_ms:
+        return ""
+    if f.saving_per == "first request":
+        return f"~{_ms(f.saving_ms)} ms once, on the first request"
+    return f"~{_ms(f.saving_ms)} ms/request to gain"
+
+
+def _verdict(report: Report) -> list[Any]:
+    v = report.extra.get("verdict") or {}
+    if v.get("diagnosed", True):
+        return []
+    out: list[Any] = [Text("Could not diagnose this endpoint: " + str(v.get("reason") or "no request succeeded"), style="bold red")]
+    failures = v.get("failures") or {}
+    if failures:
+        kinds = ", ".join(f"{k}: {n}" for k, n in sorted(failures.items(), key=lambda kv: -kv[1]))
+        out.append(Padding(Text(f"failed requests by kind: {kinds}"), (0, 0, 0, 4)))
+    if v.get("routes"):
+        out.append(Padding(Text("the app's routes: " + ", ".join(v["routes"])), (0, 0, 0, 4)))
+    if v.get("hint"):
+        out.append(Padding(Text(v["hint"], style="bold"), (0, 0, 0, 4)))
+    lines = report.extra.get("endpoint_output") or []
+    if lines:
+        out.append(Padding(Text("the endpoint's last output:\n" + "\n".join(lines), style="dim"), (0, 0, 0, 4)))
+    out.append(Text("No findings: nothing was measured that a diagnosis could rest on (exit status 3).", style="red"))
+    return out
+
+
+def doctor_sections(report: Report) -> list[Any]:
+    out = _verdict(report)
+    if out:
+        return out
+    findings = report.findings_by_severity()
+    if not findings:
+        out.append(Text("No problems found.", style="bold green"))
+    else:
+        out.append(Text(f"Findings ({len(findings)}), worst first:", style="bold"))
+    for f in findings:
+        head = Text()
+        head.append(f" {f.severity.upper()} ", style=_SEVERITY_STYLE.get(f.severity, ""))
+        head.append(f" {f.title}  ", style="bold")
+        head.append(f"[{f.id}]", style="dim")
+        saving = saving_text(f)
+        if saving:
+            head.append(f"  {saving}", style="green")
+        out.append(head)
+        if f.evidence:
+            ev = " · ".join(f"{k}={v}" for k, v in f.evidence.items())
+            out.append(Padding(Text(f"evidence: {ev}", style="dim"), (0, 0, 0, 4)))
+        if f.detail:
+            out.append(Padding(Text(f.detail), (0, 0, 0, 4)))
+        if f.fix:
+            out.append(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default"), (0, 0, 1, 4)))
+    disabled = report.extra.get("probes_disabled") or {}
+    for name, why in disabled.items():
+        out.append(Text(f"Probe switched off mid-run: {name} ({why}); the endpoint's calls went on unprobed.", style="yellow"))
+    not_checked = report.extra.get("not_checked") or {}
+    if not_checked:
+        out.append(Text(f"Not checked ({len(not_checked)}):", style="bold"))
+        for rule, why in not_checked.items():
+            out.append(Padding(Text(f"{rule}: {why}", style="dim"), (0, 0, 0, 4)))
+    return out
