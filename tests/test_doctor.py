@@ -73,3 +73,118 @@ def test_bad_targets_and_payloads_are_one_line_and_exit_2(tmp_path, capsys, targ
 def test_missing_payload_is_one_line(tmp_path, capsys):
     assert exit_code(["doctor", "x.py:f"]) == 2
     assert "--payload" in capsys.readouterr().err
+
+
+# -- the verdict, the probes' manners ---------------------------------------------------------
+import torch  # noqa: E402
+
+from servescope.rules import diagnose_report  # noqa: E402
+
+
+def test_when_every_request_fails_the_verdict_is_could_not_diagnose():
+    def predict(payload):
+        raise KeyError("text")
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert rep.extra["verdict"]["diagnosed"] is False
+    assert rep.extra["verdict"]["failures"] == {"KeyError": 6}  # the cold request and five warm ones
+    assert "5 of 5 warm requests failed" in rep.extra["verdict"]["reason"]
+
+
+def test_a_handler_calling_sys_exit_is_a_failed_request():
+    import sys
+
+    def predict(payload):
+        sys.exit(3)
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert rep.extra["verdict"]["failures"] == {"SystemExit": 6}
+
+
+def test_partial_failures_are_a_finding_beside_the_others():
+    calls = [0]
+
+    def predict(payload):
+        calls[0] += 1
+        if calls[0] % 4 == 0:
+            raise ValueError("every fourth request")
+        return {"ok": True}
+
+    rep = diagnose(predict, payload={}, options=DoctorOptions(requests=12, concurrency=2, concurrent_requests=8, timeout_s=2.0))
+    assert rep.extra["verdict"]["diagnosed"] is True
+    [f] = [f for f in rep.findings if f.id == "failing-requests"]
+    assert f.severity == "high" and "every fourth request" in f.evidence["first_errors"]
+
+
+def test_a_lazily_traced_and_frozen_torchscript_model_is_not_broken_by_the_probes():
+    state = {}
+
+    def predict(payload):
+        x = torch.tensor(payload["x"], dtype=torch.float32).unsqueeze(0)
+        if "model" not in state:
+            m = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+            state["model"] = torch.jit.freeze(torch.jit.trace(m, x))
+        with torch.inference_mode():
+            return {"y": state["model"](x)[0].tolist()}
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates jit.trace; users still have it
+        warnings.simplefilter("error", torch.jit.TracerWarning)  # the probes ran inside the tracer before
+        rep = diagnose(predict, payload={"x": [1.0, 2.0, 3.0]}, options=FAST)
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors
+    assert rep.extra.get("probes_disabled") is None
+
+
+def test_a_probe_whose_own_code_raises_is_switched_off_and_the_call_goes_on():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def parameters(self, recurse=True):  # what the probe reads; raises here
+            raise RuntimeError("parameters are sharded elsewhere")
+
+    model = Odd().eval()
+
+    def predict(payload):
+        with torch.inference_mode():
+            return {"y": model.lin(torch.ones(1, 4))[0].tolist(), "z": model(torch.ones(1, 4))[0].tolist()}
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert not rep.errors and rep.extra["verdict"]["diagnosed"]
+    assert "parameters are sharded elsewhere" in rep.extra["probes_disabled"]["torch module hooks"]
+    assert "switched off mid-run" in rep.extra["not_checked"]["training-mode"]
+
+
+def test_requests_that_fail_only_under_the_probes_are_measured_without_them():
+    original_to = torch.Tensor.to
+
+    def predict(payload):
+        if torch.Tensor.to is not original_to:  # code that notices a wrapped method
+            raise RuntimeError("Tensor.to was replaced")
+        return {"ok": True}
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert rep.extra["verdict"]["diagnosed"] and rep.latency["count"] == 5
+    ev = rep.extra["evidence"]
+    assert "Tensor.to was replaced" in ev["probes_at_fault"]
+    assert "the probes were switched off" in rep.extra["not_checked"]["grad-enabled"]
+
+
+def test_training_mode_that_costs_nothing_is_listed_at_info():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())  # never .eval(); no dropout
+
+    def predict(payload):
+        with torch.inference_mode():
+            return {"y": model(torch.ones(1, 8))[0].tolist()}
+
+    for _ in range(2):  # the same answer every run: presence does not hang on a timing ratio
+        rep = diagnose(predict, payload={}, options=FAST)
+        [f] = [f for f in rep.findings if f.id == "training-mode"]
+        assert f.evidence["changes_output"] is False and f.severity in ("info", "low")
+    assert {f.id for f in diagnose_report(rep)} == {f.id for f in rep.findings}
