@@ -109,6 +109,21 @@ def test_doctor_url_checks_a_running_endpoint_from_outside(test_server, tmp_path
     assert data["stages"]["infer"]["count"] == 10  # the server's Server-Timing breakdown
     assert data["evidence"]["scaling"] > 2  # an async sleep serves 8 callers at once
     assert data["findings"] == []
+    assert "outside the process" in data["not_checked"]["no-batching"]  # said, not silently skipped
+
+
+def test_doctor_url_on_an_endpoint_that_fails_could_not_diagnose(test_server, tmp_path):
+    payload = tmp_path / "p.json"
+    payload.write_text('{"x": 1}')
+    out = tmp_path / "d.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "doctor", "--url", f"{test_server}/error", "--payload", str(payload), "--requests", "5",
+         "--json", str(out), "--fail-on", "info"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "Could not diagnose" in p.stdout and "No problems found" not in p.stdout
+    assert json.loads(out.read_text())["verdict"]["failures"] == {"HTTP 503": 5}
 
 
 def test_doctor_needs_a_target_or_a_url_not_both(tmp_path):

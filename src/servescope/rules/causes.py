@@ -15,7 +15,7 @@ from ..report import Finding
 #: Thresholds (docs/doctor.md).
 NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
 COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
-LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS = 0.3, 20.0
+LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
 FAILING_HIGH = 0.1
 
@@ -217,8 +217,8 @@ def no_batching(ev: Evidence) -> list[Finding]:
     if not probe.gain or probe.gain < NO_BATCHING_GAIN or one is None:
         return []
     saving = one * (1 - 1 / probe.gain)
-    if saving < 0.05 * ev.p50_ms or saving < NO_BATCHING_FLOOR_MS:
-        return []  # batching would not move this endpoint's latency: not its problem
+    if saving < NO_BATCHING_FLOOR_MS:
+        return []  # a fraction of a millisecond per item: batching is not this endpoint's problem
     return [
         Finding(
             "no-batching",
@@ -359,10 +359,13 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
     }
     if loop and loop.hot_spot:
         evidence["on_the_loop"] = loop.hot_spot
+    sev = severity(saving, ev.p50_ms)
+    if loop is not None and loop.longest_busy_ms >= LOOP_STALL_HIGH_MS and sev not in ("critical", "high"):
+        sev = "high"  # every other request on the loop waited that long
     return [
         Finding(
             "event-loop-blocked",
-            severity(saving, ev.p50_ms),
+            sev,
             "Heavy synchronous work runs on the event loop: concurrent requests queue behind it",
             evidence,
             fix=(
