@@ -191,3 +191,55 @@ def test_the_live_line_merges_windows_and_counts_errors():
         [task] = progress.progress.tasks
     stats = task.fields["stats"]
     assert stats.startswith("300 req · ") and stats.endswith("p95 9.00 ms · errors 3")
+
+
+@pytest.mark.parametrize("st", [b"a;dur=1e13", b"infer;dur=1e300, total;dur=1e300", b"db;dur=1e308, db;dur=1e308", b"a;dur=inf"])
+def test_a_server_timing_value_out_of_range_is_malformed_and_the_run_goes_on(st):
+    ok = b"infer;dur=1, total;dur=1.5"
+    rep = results_report([(0, 0, 5 * MS, 200, st, None), (0, 0, 4 * MS, 200, ok, None)], measure_from_ns=0)
+    assert rep.latency["count"] == 2  # both requests count: only the bad header is set aside
+    assert rep.extra["server_timing"]["malformed"] == 1
+    assert rep.stages["infer"]["count"] == 1 and rep.stages["infer"]["max_ms"] == 1
+
+
+def response(*st_lines: bytes, extra: bytes = b"") -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n" + extra
+    head += b"".join(b"server-timing: " + line + b"\r\n" for line in st_lines)
+    return head + b"\r\n{}"
+
+
+def feed(data: bytes, **kw) -> tuple:
+    """One response through the generator's connection, as the network would deliver it."""
+    from servescope.loadgen import LoadGenerator, _Conn
+
+    gen = LoadGenerator(Target.parse("http://127.0.0.1:1/"), [b"x"], **kw)
+    conn = _Conn(gen)
+
+    class Transport:
+        def close(self):
+            pass
+
+    conn.transport = Transport()
+    conn.cur = [0, 0]
+    for i in range(0, len(data), 65536):  # in socket-sized pieces
+        conn.data_received(data[i : i + 65536])
+    [result] = gen.results
+    return result
+
+
+def test_server_timing_lines_are_joined_once_and_what_is_kept_is_capped():
+    from servescope.loadgen import MAX_SERVER_TIMING_BYTES, OVERSIZED
+
+    r = feed(response(b"a;dur=1", b"b;dur=2", b"total;dur=3"))
+    assert r[4] == b"a;dur=1, b;dur=2, total;dur=3"
+    # 20,000 lines (the old code rebuilt the joined value at each: quadratic), and one 1 MB line
+    for data in (response(*[b"a;dur=0.001"] * 20_000), response(b"a;dur=0.001, " * 80_000 + b"b;dur=1")):
+        r = feed(data)
+        assert r[3] == 200 and r[5] is None  # the request itself is fine: measured as usual
+        assert r[4] == OVERSIZED
+    assert MAX_SERVER_TIMING_BYTES == 8192
+    r = feed(response(b"a;dur=1" + b" " * 100), max_server_timing_bytes=64)
+    assert r[4] == OVERSIZED
+    rep = results_report([(0, 0, 5 * MS, 200, OVERSIZED, None)], measure_from_ns=0)
+    assert rep.latency["count"] == 1
+    assert rep.extra["server_timing"]["malformed"] == 1 and rep.extra["server_timing"]["too_large"] == 1

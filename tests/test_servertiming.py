@@ -59,3 +59,28 @@ def test_malformed_values_say_what_and_where(value, where):
 def test_bad_durations_are_refused_when_formatting():
     with pytest.raises(ServerTimingError, match="'infer'"):
         format_server_timing({"infer": float("nan")})
+
+
+@pytest.mark.parametrize("value", ["a;dur=1e13", "a;dur=1e300", "db;dur=1e308, db;dur=1e308", "a;dur=86400001"])
+def test_durations_beyond_a_day_are_malformed_not_an_overflow(value):
+    # each parses as a number, but none is a stage's duration: 1e13 ms overflowed a C long
+    # downstream (bench lost its whole run), and two 1e308 summed to inf
+    with pytest.raises(ServerTimingError, match="over one day"):
+        server_timing_durations(value)
+
+
+def test_the_common_form_and_the_full_grammar_agree():
+    for value in (
+        "receive;dur=0.012, infer;dur=2.345, infer;dur=1, total;dur=3.5",
+        " a ; dur = 1 ,b;DUR=2.,total;dur=0",
+        'cache;desc="hit", db;dur=2.5;desc="primary", total;dur=3',
+        "a;dur=1;dur=9",
+        "",
+    ):
+        stages, total = server_timing_durations(value)
+        expected: dict[str, float] = {}
+        for m in parse_server_timing(value):
+            if m.dur_ms is not None and m.name != "total":
+                expected[m.name] = expected.get(m.name, 0.0) + m.dur_ms
+        assert stages == expected
+        assert total == next((m.dur_ms for m in reversed(parse_server_timing(value)) if m.name == "total" and m.dur_ms is not None), None)

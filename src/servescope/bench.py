@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .exceptions import ConfigError, ServerTimingError
-from .loadgen import LoadGenerator, Result, Target, build_requests, error_kind
+from .loadgen import OVERSIZED, LoadGenerator, Result, Target, build_requests, error_kind
 from .recorder import Recorder
 from .report import Report
 from .servertiming import server_timing_durations
@@ -132,6 +132,7 @@ def results_report(
     measured = [r for r in results if r[0] >= measure_from_ns]
     with_timing = 0
     bad_timing = 0
+    too_large = 0
     replicas: dict[str, int] = {}
     for result in measured:
         sched, sent, done, status, st, _ = result
@@ -145,7 +146,10 @@ def results_report(
         uncorrected.add(from_send)
         stages: dict[str, float] = {}
         if st is not None:
-            try:
+            try:  # each response's own: a bad one is counted and set aside, the run goes on
+                if st == OVERSIZED:
+                    too_large += 1
+                    raise ServerTimingError("over the size kept per response")
                 stages, total = server_timing_durations(st.decode("latin-1"))
             except ServerTimingError:
                 bad_timing += 1
@@ -177,6 +181,7 @@ def results_report(
     report.extra["server_timing"] = {
         "responses_with_header": with_timing,
         "malformed": bad_timing,
+        "too_large": too_large,
         "hint": None
         if with_timing
         else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "

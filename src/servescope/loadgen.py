@@ -26,9 +26,21 @@ import httptools
 
 from .exceptions import ConfigError
 
-__all__ = ["LoadGenerator", "Result", "Target", "build_requests", "error_kind", "ok_latencies_ms", "schedule"]
+__all__ = [
+    "MAX_SERVER_TIMING_BYTES", "OVERSIZED", "LoadGenerator", "Result", "Target", "build_requests", "error_kind",
+    "ok_latencies_ms", "schedule",
+]  # fmt: skip
 
 _EARLY_NS = 200_000
+
+#: The most ``Server-Timing`` text kept per response (its lines joined): 8 KiB, a server's usual
+#: limit for one header line. servescope's own header is a few hundred bytes; past the cap a
+#: response keeps ``OVERSIZED`` instead (a hostile server could send megabytes per response,
+#: kept for the whole run and parsed after it).
+MAX_SERVER_TIMING_BYTES = 8192
+#: What a response keeps in place of a Server-Timing value over the cap: a NUL, which no header
+#: value may hold, so it survives pickling (results from Ray generators) and compares by value.
+OVERSIZED = b"\0"
 
 #: One completed (or failed) request:
 #: (scheduled_ns, sent_ns, done_ns, status or 0, server-timing bytes or None, error kind or None)
@@ -132,7 +144,9 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.cur: list[Any] | None = None  # [scheduled_ns, sent_ns]
-        self.st: bytes | None = None
+        self.st: bytes | None = None  # the first Server-Timing line; later ones in self.more
+        self.more: list[bytes] | None = None
+        self.st_room = gen.st_room
         self.open = False
 
     # asyncio.Protocol
@@ -154,12 +168,23 @@ class _Conn(asyncio.Protocol):
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 13 and name.lower() == b"server-timing":
-            self.st = value if self.st is None else self.st + b", " + value
+            self.st_room -= len(value) + 2
+            if self.st_room < 0:  # over the cap: nothing of it is kept
+                self.st, self.more = OVERSIZED, None
+            elif self.st is None:
+                self.st = value
+            else:  # several lines: joined once, at the end
+                if self.more is None:
+                    self.more = [self.st]
+                self.more.append(value)
 
     def on_message_complete(self) -> None:
         done = time.perf_counter_ns()
         cur, self.cur = self.cur, None
         st, self.st = self.st, None
+        if self.more is not None:
+            st, self.more = b", ".join(self.more), None
+        self.st_room = self.gen.st_room
         if cur is None:  # a response nobody asked for (after a timeout): ignore it
             return
         gen = self.gen
@@ -189,7 +214,8 @@ class _Conn(asyncio.Protocol):
 
     def _drop(self, kind: str) -> None:
         cur, self.cur = self.cur, None
-        self.st = None
+        self.st = self.more = None
+        self.st_room = self.gen.st_room
         self.open = False
         if self.transport is not None:
             self.transport.close()
@@ -212,9 +238,14 @@ class LoadGenerator:
         timeout_s: float = 30.0,
         max_connections: int = 1024,
         on_tick: Callable[[LoadGenerator], None] | None = None,
+        max_server_timing_bytes: int = MAX_SERVER_TIMING_BYTES,
     ) -> None:
         if not requests:
             raise ConfigError("no request to send")
+        if not isinstance(max_server_timing_bytes, int) or max_server_timing_bytes < 0:
+            raise ConfigError(f"max_server_timing_bytes must be a whole number >= 0, got {max_server_timing_bytes!r}")
+        self.max_server_timing_bytes = max_server_timing_bytes
+        self.st_room = max_server_timing_bytes + 2  # counts each line with its ", "
         self.target = target
         self.requests = requests
         self.timeout_ns = round(timeout_s * 1e9)

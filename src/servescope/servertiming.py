@@ -22,11 +22,21 @@ __all__ = ["Metric", "format_server_timing", "parse_server_timing", "server_timi
 
 #: The metric name servescope uses for the server's whole handling time.
 TOTAL = "total"
+#: The longest duration taken as a stage's (one day): past it a value is no timing but a broken
+#: or hostile server (``dur=1e300`` parses as a number, and overflows what records it).
+MAX_DUR_MS = 86_400_000.0
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _OWS = re.compile(r"[ \t]*")
 _BAD_TOKEN_CHAR = re.compile(r"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
+# the form servers send (``name;dur=1.25, ...``, servescope's own included): read by two C
+# passes; anything else (desc, flags, exponents) goes through the full grammar
+_PLAIN_ITEM = r"[ \t]*{name}[ \t]*;[ \t]*[dD][uU][rR][ \t]*=[ \t]*{dur}[ \t]*"
+_PLAIN_ENTRY = re.compile(_PLAIN_ITEM.format(name=r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+)", dur=r"([0-9]+(?:\.[0-9]*)?)"))
+_PLAIN_LIST = re.compile(
+    "{0}(?:,{0})*".format(_PLAIN_ITEM.format(name=r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", dur=r"[0-9]+(?:\.[0-9]*)?"))
+)
 
 
 class Metric(NamedTuple):
@@ -155,15 +165,22 @@ def parse_server_timing(value: str) -> list[Metric]:
 def server_timing_durations(value: str) -> tuple[dict[str, float], float | None]:
     """Stage durations (summed per name) and the ``total`` entry, if any, from a header value.
 
-    Metrics without ``dur`` (descriptions, flags) are left out.
+    Metrics without ``dur`` (descriptions, flags) are left out. A duration (or a name's sum)
+    over one day (``MAX_DUR_MS``) raises ``ServerTimingError``: it is not a stage's time.
     """
     stages: dict[str, float] = {}
     total: float | None = None
-    for metric in parse_server_timing(value):
-        if metric.dur_ms is None:
-            continue
-        if metric.name == TOTAL:
-            total = metric.dur_ms
+    if _PLAIN_LIST.fullmatch(value) is not None:
+        pairs: Any = ((name, float(dur)) for name, dur in _PLAIN_ENTRY.findall(value))
+    else:
+        pairs = ((m.name, m.dur_ms) for m in parse_server_timing(value) if m.dur_ms is not None)
+    for name, ms in pairs:
+        if name == TOTAL:
+            total = ms
         else:
-            stages[metric.name] = stages.get(metric.name, 0.0) + metric.dur_ms
+            stages[name] = stages.get(name, 0.0) + ms
+    if (total is not None and total > MAX_DUR_MS) or any(ms > MAX_DUR_MS for ms in stages.values()):
+        raise ServerTimingError(
+            f"a duration over one day ({MAX_DUR_MS:.0f} ms) is no stage's time in {value[:200]!r}"
+        )
     return stages, total
