@@ -341,8 +341,14 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
     # a lone request there, when nothing else waits, blocks nobody) ...
     model_on_loop = on_loop * 2 >= max(conc.requests, 1)
     # ... or the loop's own thread was seen running code (not waiting for I/O or the GIL)
-    # for a large share of the phase, in long runs
-    busy = loop is not None and loop.busy_share >= LOOP_BUSY_SHARE and loop.longest_busy_ms >= LOOP_BUSY_RUN_MS
+    # for a large share of the phase, in long runs, and a task on it woke that late: a loop
+    # kept busy by many short callbacks (a fast endpoint under load) wakes its tasks on time
+    busy = (
+        loop is not None
+        and loop.busy_share >= LOOP_BUSY_SHARE
+        and loop.longest_busy_ms >= LOOP_BUSY_RUN_MS
+        and (conc.loop_lag_max_ms or 0.0) >= LOOP_BUSY_RUN_MS
+    )
     if not (model_on_loop or busy):
         return []
     forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
@@ -395,6 +401,9 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
     if scaling >= GIL_SCALING * width or on_loop or loop_busy:
         return []  # it scales, or the loop is the bottleneck (event-loop-blocked says so)
+    warm = ev.warm
+    if warm is not None and (warm.loads_per_request >= 0.5 or warm.constructed_per_request >= 1):
+        return []  # the Python work is the per-request load: model-load-per-request's fix removes it
     if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
         return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
     # service time per request as served now, and if `width` callers could run at once
