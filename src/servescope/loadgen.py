@@ -144,9 +144,10 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.cur: list[Any] | None = None  # [scheduled_ns, sent_ns]
-        self.st: bytes | None = None  # the first Server-Timing line; later ones in self.more
-        self.more: list[bytes] | None = None
-        self.st_room = gen.st_room
+        self.st: bytes | None = None  # the first Server-Timing line, or OVERSIZED
+        self.more: list[bytes] | None = None  # with several lines: all of them, joined at the end
+        self.st_len = 0  # their joined length, while several
+        self.st_cap = gen.max_server_timing_bytes
         self.open = False
 
     # asyncio.Protocol
@@ -168,23 +169,30 @@ class _Conn(asyncio.Protocol):
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 13 and name.lower() == b"server-timing":
-            self.st_room -= len(value) + 2
-            if self.st_room < 0:  # over the cap: nothing of it is kept
-                self.st, self.more = OVERSIZED, None
-            elif self.st is None:
+            if self.st is None and len(value) <= self.st_cap:
                 self.st = value
-            else:  # several lines: joined once, at the end
-                if self.more is None:
-                    self.more = [self.st]
+            else:
+                self._another_timing_line(value)
+
+    def _another_timing_line(self, value: bytes) -> None:
+        st = self.st
+        if st is None:  # a first line over the cap: nothing of it is kept
+            self.st = OVERSIZED
+        elif st is not OVERSIZED:
+            if self.more is None:
+                self.more, self.st_len = [st], len(st)
+            self.st_len += 2 + len(value)
+            if self.st_len > self.st_cap:
+                self.st, self.more = OVERSIZED, None
+            else:
                 self.more.append(value)
 
     def on_message_complete(self) -> None:
         done = time.perf_counter_ns()
         cur, self.cur = self.cur, None
         st, self.st = self.st, None
-        if self.more is not None:
+        if self.more is not None:  # joined once, not at each line
             st, self.more = b", ".join(self.more), None
-        self.st_room = self.gen.st_room
         if cur is None:  # a response nobody asked for (after a timeout): ignore it
             return
         gen = self.gen
@@ -215,7 +223,6 @@ class _Conn(asyncio.Protocol):
     def _drop(self, kind: str) -> None:
         cur, self.cur = self.cur, None
         self.st = self.more = None
-        self.st_room = self.gen.st_room
         self.open = False
         if self.transport is not None:
             self.transport.close()
@@ -245,7 +252,6 @@ class LoadGenerator:
         if not isinstance(max_server_timing_bytes, int) or max_server_timing_bytes < 0:
             raise ConfigError(f"max_server_timing_bytes must be a whole number >= 0, got {max_server_timing_bytes!r}")
         self.max_server_timing_bytes = max_server_timing_bytes
-        self.st_room = max_server_timing_bytes + 2  # counts each line with its ", "
         self.target = target
         self.requests = requests
         self.timeout_ns = round(timeout_s * 1e9)
