@@ -229,16 +229,103 @@ def test_wsgi_failure_is_recorded():
     assert mw.recorder.report().errors == {"HTTP 500": 1}
 
 
-def test_an_apps_own_server_timing_is_adopted_not_duplicated():
+def own_timing_app(value: bytes, *, headers=None):
+    """An ASGI app that times itself and says so in its own Server-Timing header."""
+
     async def app(scope, receive, send):
         await receive()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"server-timing", b"queue;dur=2, infer;dur=5, total;dur=7.5")]})
+        sent = headers() if headers else [(b"content-type", b"application/json"), (b"server-timing", value)]
+        await send({"type": "http.response.start", "status": 200, "headers": sent})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    mw = ServescopeMiddleware(app)
+    return app
+
+
+def timing(r: httpx.Response) -> tuple[dict[str, float], float | None]:
+    """What a client reads: every Server-Timing line, joined."""
+    return server_timing_durations(", ".join(r.headers.get_list("server-timing")))
+
+
+def test_an_apps_own_server_timing_is_adopted_not_duplicated():
+    mw = ServescopeMiddleware(own_timing_app(b"queue;dur=2, infer;dur=5, total;dur=7.5"))
     r = asyncio.run(call(mw, "POST", "/predict", content=b"{}"))
-    assert len(r.headers.get_list("server-timing")) == 1
-    stages, _ = server_timing_durations(r.headers["server-timing"])
-    assert stages["infer"] == 5 and stages["queue"] == 2
+    lines = r.headers.get_list("server-timing")
+    assert lines[0] == "queue;dur=2, infer;dur=5, total;dur=7.5"  # the app's, as it sent it
+    stages, total = timing(r)
+    assert stages["infer"] == 5 and stages["queue"] == 2 and total == 7.5  # each name once
+    assert "receive" in stages  # what only the middleware measured is added
     rep = mw.recorder.report()
     assert rep.stages["infer"]["mean_ms"] == 5
+
+
+def test_an_apps_own_server_timing_passes_through_untouched():
+    own = b'cache;desc="hit", db;dur=2.5;desc="primary"'
+    mw = ServescopeMiddleware(own_timing_app(own))
+    r = asyncio.run(call(mw, "POST", "/predict", content=b"{}"))
+    lines = r.headers.get_list("server-timing")
+    assert lines[0] == own.decode()  # desc values and duration-less metrics kept (were dropped)
+    assert len(lines) == 2 and "db;" not in lines[1] and "total;dur=" in lines[1]
+    assert mw.recorder.report().stages["db"]["mean_ms"] == 2.5
+
+
+@pytest.mark.parametrize("own", [b"db;dur=1e308, db;dur=1e308", b"db;dur=1e13", b"db;dur=abc", b"\xff;;;"])
+def test_bad_server_timing_from_the_app_never_breaks_its_response(own):
+    mw = ServescopeMiddleware(own_timing_app(own))
+    r = asyncio.run(call(mw, "POST", "/predict", content=b"{}"))
+    assert r.status_code == 200 and r.content == b"{}"  # 1e308 twice turned the 200 into a 500
+    assert r.headers.get_list("server-timing")[0].encode("latin-1") == own
+    assert mw.recorder.report().latency["count"] == 1
+
+
+def test_response_headers_may_be_any_iterable():
+    def generated():  # valid ASGI: an iterable of pairs, here one that can be read only once
+        yield (b"content-type", b"text/plain")
+        yield (b"x-app", b"1")
+        yield (b"server-timing", b"infer;dur=3")
+
+    for make in (generated, lambda: tuple(generated()), lambda: [[k, v] for k, v in generated()]):
+        mw = ServescopeMiddleware(own_timing_app(b"", headers=make))
+        r = asyncio.run(call(mw, "POST", "/predict", content=b"{}"))
+        assert r.headers["x-app"] == "1" and r.headers["content-type"] == "text/plain"  # were all dropped
+        assert timing(r)[0]["infer"] == 3
+
+
+def test_an_apps_own_metrics_route_wins_over_the_exporters():
+    from servescope.exporters import PrometheusExporter
+
+    app = FastAPI()
+    app.get("/metrics")(lambda: {"mine": True})
+    app.post("/predict")(lambda: {})
+    mw = ServescopeMiddleware(app, exporters=[PrometheusExporter()])
+    assert asyncio.run(call(mw, "GET", "/metrics")).json() == {"mine": True}
+    other = ServescopeMiddleware(fastapi_app(), exporters=[PrometheusExporter()])  # no /metrics of its own
+    r = asyncio.run(call(other, "GET", "/metrics"))
+    assert r.status_code == 200 and "servescope_stage_seconds" in r.text
+
+
+def test_wsgi_the_apps_own_server_timing_and_metrics_route_are_its_own():
+    from servescope.exporters import PrometheusExporter
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/metrics":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"mine"]
+        headers = (h for h in [("Content-Type", "text/plain"), ("Server-Timing", 'db;dur=2.5;desc="primary", x;dur=1e308')])
+        start_response("200 OK", headers)  # a generator of headers: not PEP 3333's list, but seen
+        return [b"ok"]
+
+    def no_metrics(environ, start_response):
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"nope"]
+
+    from werkzeug.test import Client
+
+    client = Client(ServescopeWSGIMiddleware(app, exporters=[PrometheusExporter()]))
+    r = client.get("/predict")
+    assert r.status_code == 200 and r.data == b"ok" and r.headers["Content-Type"] == "text/plain"
+    lines = r.headers.getlist("Server-Timing")
+    assert lines[0] == 'db;dur=2.5;desc="primary", x;dur=1e308' and "total;dur=" in lines[1]
+    r.close()
+    assert client.get("/metrics").data == b"mine"
+    r = Client(ServescopeWSGIMiddleware(no_metrics, exporters=[PrometheusExporter()])).get("/metrics")
+    assert r.status_code == 200 and b"servescope_stage_seconds" in r.data

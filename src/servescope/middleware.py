@@ -7,12 +7,19 @@ Each sampled request gets a trace: ``receive`` (reading the body) and ``send`` (
 response) are timed here, handlers add their own stages with ``servescope.stage()``, the
 response carries a ``Server-Timing`` header with the stages measured before it was sent, and
 the finished trace goes to the recorder and to each exporter (Prometheus, OpenTelemetry,
-JSON lines: see exporters.py). With Prometheus among the exporters, ``/metrics`` is served.
+JSON lines: see exporters.py). With Prometheus among the exporters, ``/metrics`` is served
+where the app has no route of its own there.
+
+The middleware only adds: an app that sends its own ``Server-Timing`` keeps it as it is
+(the recorder adopts its stages), and the added line carries only the names the app's did not.
+Nothing the app sends (a malformed or absurd header, any iterable of headers) can break its
+response.
 """
 
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
 import random
 import time
@@ -20,7 +27,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 from .exceptions import ConfigError
 from .recorder import Recorder
-from .servertiming import format_ns
+from .servertiming import TOTAL, format_ns, server_timing_durations
 from .timing import Trace, stage
 
 __all__ = ["RequestInfo", "ServescopeMiddleware", "ServescopeWSGIMiddleware"]
@@ -73,27 +80,55 @@ class _Instrumentation:
         self.metrics_path = metrics_path if self.metrics is not None else None
         self.exclude = frozenset(exclude_paths) | ({metrics_path} if self.metrics_path else set())
         self._failed_exporters: set[int] = set()
+        self._timing_failed = False
 
     def sampled(self, path: str) -> bool:
         if path in self.exclude:
             return False
         return self.sample_rate >= 1.0 or random.random() < self.sample_rate
 
-    def header(self, tr: Trace) -> bytes:
-        return format_ns(*tr.elapsed_ns()).encode("latin-1")
+    def header(self, tr: Trace, skip: set[str] | None = None) -> str:
+        """Our Server-Timing value, without the names in ``skip`` (the app's own)."""
+        durations, total = tr.elapsed_ns()
+        if skip:
+            durations = {k: v for k, v in durations.items() if k not in skip}
+            if TOTAL in skip:
+                total = None
+        return format_ns(durations, total)
 
     @staticmethod
-    def adopt(tr: Trace, values: list[bytes]) -> None:
-        """Add the stages an app reported in its own Server-Timing header to the trace."""
-        from .servertiming import server_timing_durations
-
+    def adopt(tr: Trace, own: str) -> set[str]:
+        """Add the stages an app reported in its own Server-Timing value to the trace; return
+        the names it used (the middleware's line leaves them out)."""
         try:
-            stages, _ = server_timing_durations(b", ".join(values).decode("latin-1"))
+            stages, total = server_timing_durations(own)
         except ValueError:
-            return  # a malformed header from the app: keep our own timing
+            return set()  # malformed, or absurd durations: passed on as is, not recorded
         for name, ms in stages.items():
             if name != "other":
                 tr.add(name, ms)
+        return {*stages, TOTAL} if total is not None else set(stages)
+
+    def timing_line(self, tr: Trace, headers: list[Any], key: Any) -> Any:
+        """Adopt the app's own Server-Timing lines (``key`` names them) into the trace; return
+        our line (bytes or str, as ``key``), or None. Never raises: the response is the app's."""
+        try:
+            own = [v for k, v in headers if k.lower() == key]
+            skip = None
+            if own:
+                joined = b", ".join(own).decode("latin-1") if isinstance(key, bytes) else ", ".join(own)
+                skip = self.adopt(tr, joined)
+            if not self.server_timing:
+                return None
+            value = self.header(tr, skip)
+            if not value:
+                return None
+            return value.encode("latin-1") if isinstance(key, bytes) else value
+        except Exception:
+            if not self._timing_failed:
+                self._timing_failed = True
+                log.exception("servescope: adding Server-Timing failed; responses go out without it")
+            return None
 
     def _close(self, tr: Trace, info: RequestInfo, exc: BaseException | None) -> None:
         """Stop the clock if the response did not, mark failures, record, export."""
@@ -134,7 +169,7 @@ class ServescopeMiddleware(_Instrumentation):
             return
         path = scope.get("path", "")
         if self.metrics_path is not None and path == self.metrics_path:
-            await self._serve_metrics(send)
+            await self._metrics_unless_routed(scope, receive, send)
             return
         if not self.sampled(path):
             await self.app(scope, receive, send)
@@ -157,15 +192,7 @@ class ServescopeMiddleware(_Instrumentation):
             kind = message["type"]
             if kind == "http.response.start":
                 info.status = message["status"]
-                headers = message.get("headers", [])
-                own = [v for k, v in headers if k.lower() == b"server-timing"]
-                if own:  # the app times its own stages (servescope.serve does): adopt them
-                    self.adopt(tr, own)
-                    headers = [(k, v) for k, v in headers if k.lower() != b"server-timing"]
-                if self.server_timing:
-                    headers = [*headers, (b"server-timing", self.header(tr))]
-                if own or self.server_timing:
-                    message = {**message, "headers": headers}
+                message = self._with_timing(tr, message)
             with stage("send"):
                 await send(message)
             if kind == "http.response.body" and not message.get("more_body", False):
@@ -180,6 +207,29 @@ class ServescopeMiddleware(_Instrumentation):
             raise
         tr.detach()
         self._close(tr, info, None)
+
+    def _with_timing(self, tr: Trace, message: Message) -> Message:
+        """The response start with our Server-Timing line added after the app's own."""
+        # any iterable of pairs is valid ASGI: read it once, into the list that is sent
+        headers = list(message.get("headers") or ())
+        line = self.timing_line(tr, headers, b"server-timing")
+        if line is not None:
+            headers.append((b"server-timing", line))
+        return {**message, "headers": headers}
+
+    async def _metrics_unless_routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app's own route at the metrics path wins; where it answers 404, ours serves."""
+        state = {"missing": False}
+
+        async def send_unless_missing(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 404:
+                state["missing"] = True
+            if not state["missing"]:
+                await send(message)
+
+        await self.app(scope, receive, send_unless_missing)
+        if state["missing"]:
+            await self._serve_metrics(send)
 
     async def _serve_metrics(self, send: Send) -> None:
         body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
@@ -200,9 +250,7 @@ class ServescopeWSGIMiddleware(_Instrumentation):
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if self.metrics_path is not None and path == self.metrics_path:
-            body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
-            start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-            return [body]
+            return self._metrics_unless_routed(environ, start_response)
         if not self.sampled(path):
             return self.app(environ, start_response)
 
@@ -216,8 +264,10 @@ class ServescopeWSGIMiddleware(_Instrumentation):
                 info.status = int(status.split(" ", 1)[0])
             except ValueError:
                 info.status = None
-            if self.server_timing:
-                headers = [*headers, ("Server-Timing", self.header(tr).decode("latin-1"))]
+            headers = list(headers)  # PEP 3333 asks for a list; any iterable is read once
+            line = self.timing_line(tr, headers, "server-timing")
+            if line is not None:
+                headers.append(("Server-Timing", line))
             return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
 
         tr.start()
@@ -233,6 +283,48 @@ class ServescopeWSGIMiddleware(_Instrumentation):
         ctx = contextvars.copy_context()
         tr.detach()
         return _TimedBody(result, tr, info, self, ctx)
+
+    def _metrics_unless_routed(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """The app's own route at the metrics path wins; where it answers 404, ours serves."""
+        state = {"missing": False, "started": False}
+
+        def start_unless_missing(status: str, headers: Any, exc_info: Any = None) -> Any:
+            state["started"] = True
+            if status.startswith("404"):
+                state["missing"] = True
+                return lambda data: None
+            return start_response(status, headers, exc_info) if exc_info else start_response(status, headers)
+
+        result = self.app(environ, start_unless_missing)
+        first: list[bytes] = []
+        chunks = None
+        if not state["started"]:  # an app may start the response with its first chunk
+            chunks = iter(result)
+            first = list(itertools.islice(chunks, 1))
+        if state["missing"]:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
+            start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            return [body]
+        return result if chunks is None else _Prepended(first, chunks, result)
+
+
+class _Prepended:
+    """A response iterable whose first chunk was already read, closed like the original."""
+
+    def __init__(self, first: list[bytes], rest: Iterator[bytes], result: Iterable[bytes]) -> None:
+        self._first, self._rest, self._result = first, rest, result
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._first
+        yield from self._rest
+
+    def close(self) -> None:
+        close = getattr(self._result, "close", None)
+        if close is not None:
+            close()
 
 
 _DONE: Any = object()
