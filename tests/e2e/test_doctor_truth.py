@@ -94,6 +94,14 @@ def test_slow_requests_on_torch_threads_do_not_abort_at_exit(tmp_path):
     assert "terminate called" not in p.stderr and rep["latency"]["count"] == 3
 
 
+def test_requests_abandoned_mid_forward_are_timeouts_not_a_clean_bill(tmp_path):
+    # each request outlives --timeout: torch is still computing when the doctor ends
+    p, rep, took = doctor("hostile.py:slow_torch", tmp_path, "--concurrency", "2", "--timeout", "1")
+    assert p.returncode == 3 and "No problems found" not in p.stdout, p.stdout
+    assert "timeout" in rep["verdict"]["failures"] and "terminate called" not in p.stderr
+    assert took < 1 * 5 + 10 + 5
+
+
 def test_ctrl_c_ends_the_run_and_its_children_within_a_second(tmp_path):
     (tmp_path / "p.json").write_text("{}")
     proc = subprocess.Popen(

@@ -146,7 +146,7 @@ class FunctionTarget:
             fut.result(timeout_s)
         except (FutureTimeout, TimeoutError):
             fut.cancel()
-            err = f"timeout: no answer within {timeout_s:g} s"
+            err = f"timeout: no answer within {timeout_s:.3g} s"
         except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from the handler
             err = describe_failure(exc)
         latency = (time.perf_counter_ns() - t0) / 1e6

@@ -74,7 +74,7 @@ class _HTTPTarget:
             if status >= 400:
                 err = f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}"
         except socket.timeout:
-            err = f"timeout: no answer within {timeout_s:g} s"
+            err = f"timeout: no answer within {timeout_s:.3g} s"
         except (OSError, http.client.HTTPException) as exc:
             err = f"{type(exc).__name__}: {exc}"
         finally:
