@@ -59,3 +59,26 @@ def test_report_of_a_truncated_file_is_one_line(tmp_path, capsys):
     assert main(["report", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "not valid JSON" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("latency", {"count": 5, "p50_ms": "fast"}, "report field latency.p50_ms is a string, expected a number"),
+        ("throughput_rps", "fast", "report field throughput_rps is a string"),
+        ("stages", {"infer": {"mean_ms": [1]}}, "report field stages.infer.mean_ms is an array"),
+    ],
+)
+def test_report_with_a_field_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, capsys, field, value, message):
+    data = {"schema": "servescope.report/1", "latency": {"count": 0}, "stages": {}, "findings": [], field: value}
+    bad = tmp_path / "run.json"
+    bad.write_text(json.dumps(data))
+    assert main(["report", str(bad)]) == 2  # a traceback (TypeError, ValueError) before
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_report_fetches_over_http_only(capsys):
+    assert main(["report", "ftp://127.0.0.1/report"]) == 2
+    err = capsys.readouterr().err
+    assert "only http:// and https:// URLs are fetched" in err and len(err.strip().splitlines()) == 1

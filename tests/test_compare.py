@@ -53,3 +53,18 @@ def test_the_table_renders():
     render_compare(compare(report(10.0, seed=1), report(5.0, seed=2)), console=console)
     text = console.export_text()
     assert "Before / after" in text and "faster" in text and "model inference" in text
+
+
+def test_stage_names_from_the_reports_print_as_plain_text():
+    import io
+
+    reports = []
+    for ms in (10.0, 5.0):
+        rec = Recorder()
+        for _ in range(20):
+            rec.record_durations({"[/]\x1b[2J": ms, "[link=http://x]y[/link]": 1.0}, ms + 1.0)
+        reports.append(rec.report())
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    render_compare(compare(*reports), console=console)  # '[/]' raised MarkupError
+    out = console.file.getvalue()
+    assert "[/][2J (mean ms)" in out and "[link=http://x]y[/link]" in out and "\x1b[2J" not in out

@@ -148,3 +148,66 @@ def test_environment_names_torch_when_imported():
     env = servescope.report.capture_environment()
     assert env["torch"]["version"] == torch.__version__
     assert env["cpus_available"] >= 1
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda d: d["latency"].update(p50_ms="fast"), "latency.p50_ms is a string, expected a number"),
+        (lambda d: d["stages"]["infer"].update(share="most"), "stages.infer.share is a string"),
+        (lambda d: d["stages"].update(infer=[1, 2]), "stages.infer is an array, expected an object"),
+        (lambda d: d.update(errors={"timeout": "many"}), "errors.timeout is a string"),
+        (lambda d: d.update(environment="linux"), "environment is a string, expected an object"),
+        (lambda d: d.update(meta=[1]), "meta is an array"),
+        (lambda d: d["findings"].append({"id": "x", "severity": "low", "title": 5}), r"findings\[0\].title is a number"),
+        (lambda d: d["findings"].append({"id": "x", "severity": "low", "title": "t", "evidence": []}), r"findings\[0\].evidence"),
+        (lambda d: d.update(throughput_rps="fast"), "throughput_rps is a string, expected a number"),
+        (lambda d: d.update(server_timing={"hint": 3}), "server_timing.hint is a number"),
+        (lambda d: d.update(generators=[{"generator": 0}]), r"generators\[0\].node is null"),
+        (lambda d: d.update(replicas={"a": "b"}), "replicas.a is a string"),
+        (lambda d: d.update(verdict={"diagnosed": False, "routes": [1]}), r"verdict.routes\[0\] is a number"),
+    ],
+)
+def test_fields_of_the_wrong_type_are_refused_naming_the_field(clock, mutate, where):
+    data = make_report(clock).to_dict()
+    mutate(data)
+    with pytest.raises(ReportError, match=f"report field {where}"):
+        Report.from_dict(data)
+
+
+def hostile_report(clock) -> Report:
+    """Names and titles from a server: terminal escapes (clear screen, window title) and markup."""
+    r = make_report(clock, title="\x1b]0;pwned\x07run \x1b[2Jtitle [bold]x[/bold]")
+    r.stages["[/]"] = dict(r.stages["infer"])
+    r.stages["[link=http://evil.example]click[/link]"] = dict(r.stages["infer"])
+    r.stages["bell\x07\x1b[31mred\x9b2J"] = dict(r.stages["infer"])
+    r.findings.append(Finding("x\x1b[2J", "high", "title \x1b]8;;http://evil.example\x1b\\link\x1b]8;;\x1b\\", fix="a = 1\x1b[2J"))
+    return r
+
+
+def test_the_terminal_view_prints_outside_strings_as_plain_text(clock):
+    import io
+
+    from rich.console import Console
+
+    r = hostile_report(clock)
+    for console in (None, Console(file=io.StringIO(), force_terminal=True, width=300)):
+        text = render_terminal(r, console=console)  # a stage named '[/]' raised MarkupError
+        shown = console.file.getvalue() if console is not None else text
+        # no window title, no hyperlink (OSC 8, which [link=...] markup makes too), no clear screen
+        assert "\x1b]" not in shown and "\x1b[2J" not in shown and "\x07" not in shown and "\x9b" not in shown
+    assert "[/]" in text and "[link=http://evil.example]click[/link]" in text  # markup shown as written
+    assert "run [2Jtitle [bold]x[/bold]" in text and "bell[31mred2J" in text
+    assert r.meta["title"].startswith("\x1b]0;")  # the report itself is not changed
+
+
+def test_a_report_of_100000_stages_prints_the_first_ones_and_says_so(clock):
+    import time as _time
+
+    r = make_report(clock)
+    r.stages = {f"s{i}": {"count": 1, "mean_ms": 1.0, "p50_ms": 1.0, "share": 0.0} for i in range(100_000)}
+    t0 = _time.perf_counter()
+    text = render_terminal(r)
+    assert _time.perf_counter() - t0 < 20  # minutes before; well under a second here
+    assert "s99 " in text and "s100 " not in text
+    assert "99,900 more stages not shown" in text

@@ -30,6 +30,7 @@ import orjson
 
 from .environment import capture_environment
 from .exceptions import ReportError, SchemaError
+from .schema import check_types
 from .stats import Distribution, summarize
 from .timing import order_stages
 
@@ -40,6 +41,10 @@ SCHEMA_VERSION = 1
 SCHEMA = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
 #: Worst first.
 SEVERITIES = ("critical", "high", "medium", "low", "info")
+#: ``Report.fetch``: the largest answer read (a server's /report with 100,000 samples in each of
+#: a dozen distributions is ~15 MB), and the time the whole fetch may take.
+MAX_FETCH_BYTES = 64 * 1024 * 1024
+FETCH_TIMEOUT_S = 30.0
 _KNOWN = {
     "schema",
     "created",
@@ -237,12 +242,10 @@ class Report:
         for key, kind in (("latency", dict), ("stages", dict), ("findings", list)):
             if not isinstance(data.get(key), kind):
                 raise ReportError(f"report field {key!r} is missing or not a JSON {kind.__name__}")
-        for name, s in data["stages"].items():
-            if not isinstance(s, dict):
-                raise ReportError(f"report field stages.{name} is not an object")
         dists = data.get("distributions") or {}
         if not isinstance(dists, dict):
             raise ReportError("report field 'distributions' is not an object")
+        check_types(data)
         return cls(
             latency=data["latency"],
             stages=data["stages"],
@@ -273,7 +276,7 @@ class Report:
     def load(cls, path: str | Path) -> Report:
         """A saved report, or one a running server serves (``http://host:port/report``: a
         ``servescope serve`` app, or any replica of one on Ray, which answers for all of them)."""
-        if isinstance(path, str) and path.startswith(("http://", "https://")):
+        if isinstance(path, str) and "://" in path:
             return cls.fetch(path)
         path = Path(path)
         try:
@@ -283,18 +286,13 @@ class Report:
         return cls.from_json(text, source=str(path))
 
     @classmethod
-    def fetch(cls, url: str, *, timeout_s: float = 30.0) -> Report:
-        import urllib.error
-        import urllib.request
-
+    def fetch(cls, url: str, *, timeout_s: float = FETCH_TIMEOUT_S, max_bytes: int = MAX_FETCH_BYTES) -> Report:
+        """A report from a running server: http(s) only (redirects too, at most 5), at most
+        ``max_bytes`` read, the whole fetch within ``timeout_s``; else ``ReportError``."""
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as response:
-                text = response.read()
-        except urllib.error.HTTPError as exc:
-            raise ReportError(f"cannot fetch a report from {url}: HTTP {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ReportError(f"cannot fetch a report from {url}: {reason}") from None
+            text = _get(url, timeout_s=timeout_s, max_bytes=max_bytes)
+        except ReportError as exc:
+            raise ReportError(f"cannot fetch a report from {url}: {exc}") from None
         return cls.from_json(text, source=url)
 
     def __repr__(self) -> str:
@@ -324,3 +322,75 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"cannot serialize {type(obj).__name__} in a report")
+
+
+def _get(url: str, *, timeout_s: float, max_bytes: int, max_redirects: int = 5) -> bytes:
+    """GET ``url`` with bounds a hostile server cannot stretch: a deadline for the whole
+    exchange (a watchdog shuts the socket: a server dripping a byte at a time never ends a
+    per-read timeout), a size cap, and http(s) only, redirects included."""
+    import http.client
+    import socket
+    import threading
+    import time
+    from urllib.parse import urljoin, urlsplit
+
+    deadline = time.monotonic() + timeout_s
+    for _ in range(max_redirects + 1):
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ReportError(f"malformed URL {url!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ReportError(f"only http:// and https:// URLs are fetched, not {url[:200]!r}")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        conn: http.client.HTTPConnection = (
+            http.client.HTTPSConnection(parts.hostname, port, timeout=remaining)
+            if parts.scheme == "https"
+            else http.client.HTTPConnection(parts.hostname, port, timeout=remaining)
+        )
+        cut = threading.Event()
+
+        def shut(conn: http.client.HTTPConnection = conn, cut: threading.Event = cut) -> None:
+            cut.set()
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(remaining, shut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request("GET", target, headers={"Accept": "application/json", "User-Agent": "servescope"})
+            response = conn.getresponse()
+            if response.status in (301, 302, 303, 307, 308) and response.getheader("location"):
+                url = urljoin(url, response.getheader("location", ""))
+                continue
+            if response.status != 200:
+                raise ReportError(f"HTTP {response.status} {response.reason}")
+            length = response.getheader("content-length") or ""
+            if length.isdigit() and int(length) > max_bytes:
+                raise ReportError(f"the answer is {int(length):,} bytes, over the {max_bytes:,} bytes read at most")
+            chunks, size = [], 0
+            while chunk := response.read1(1 << 16):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ReportError(f"the answer goes on past the {max_bytes:,} bytes read at most")
+                chunks.append(chunk)
+            if not cut.is_set():
+                return b"".join(chunks)
+        except (OSError, http.client.HTTPException) as exc:
+            if not cut.is_set():
+                raise ReportError(str(getattr(exc, "reason", None) or exc or type(exc).__name__)) from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+        break  # the watchdog cut it
+    else:
+        raise ReportError(f"more than {max_redirects} redirects")
+    raise ReportError(f"no complete answer within {timeout_s:g} s")

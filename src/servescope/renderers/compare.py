@@ -6,8 +6,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .terminal import stage_label
+from .terminal import MAX_STAGES_SHOWN, plain, stage_label
 
 
 def _fmt(x: Any) -> str:
@@ -32,9 +33,13 @@ def render_compare(table: dict[str, Any], *, console: Console, before: str = "be
     for row in table["summary"]:
         t.add_row(row["metric"], _fmt(row["before"]), _fmt(row["after"]), _change(row), _sig(row))
     t.add_section()
-    for row in table["stages"]:
-        t.add_row(f"{stage_label(row['metric'])} (mean ms)", _fmt(row["before"]), _fmt(row["after"]), _change(row), _sig(row))
+    stages = table["stages"]
+    for row in stages[:MAX_STAGES_SHOWN]:  # names from the reports: plain text, never markup
+        name = Text(f"{plain(stage_label(row['metric']), one_line=True)} (mean ms)")
+        t.add_row(name, _fmt(row["before"]), _fmt(row["after"]), _change(row), _sig(row))
     console.print(t)
+    if len(stages) > MAX_STAGES_SHOWN:
+        console.print(Text(f"{len(stages) - MAX_STAGES_SHOWN:,} more stages not shown", style="yellow"))
 
 
 def _sig(row: dict[str, Any]) -> str:

@@ -1,17 +1,32 @@
-"""The terminal view: the answer first (baseline p50/p95, the breakdown), then detail."""
+"""The terminal view: the answer first (baseline p50/p95, the breakdown), then detail.
+
+Every string in a report may come from outside (stage names and ``replica`` from a server's
+Server-Timing, a fetched ``/report``): the view prints them as plain text, never as rich
+markup, with control characters (terminal escapes: clear screen, window title, hyperlinks)
+taken out, and at most ``MAX_STAGES_SHOWN`` stages and ``MAX_FINDINGS_SHOWN`` findings.
+"""
 
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from ..report import Report
+from ..report import Finding, Report
 
-__all__ = ["render_terminal", "stage_label"]
+__all__ = ["MAX_FINDINGS_SHOWN", "MAX_STAGES_SHOWN", "plain", "render_terminal", "stage_label"]
+
+MAX_STAGES_SHOWN = 100
+MAX_FINDINGS_SHOWN = 50
+#: C0 and C1 controls but tab and newline, DEL, and the bidirectional overrides (text that
+#: reads differently from what it is)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BREAKS = re.compile("[\t\n]")
+_MAX_CHARS = 20_000
 
 LABELS = {
     "load": "model loading",
@@ -34,6 +49,45 @@ LABELS = {
 def stage_label(name: str) -> str:
     """A stage's name in the problem's words ("infer" -> "model inference")."""
     return LABELS.get(name, name)
+
+
+def plain(text: Any, *, one_line: bool = False) -> str:
+    """``text`` as a string that prints as itself: no control characters (``one_line``: tabs
+    and newlines become spaces), at most 20,000 characters."""
+    text = _CONTROL.sub("", str(text))
+    if one_line:
+        text = _BREAKS.sub(" ", text)
+    return text if len(text) <= _MAX_CHARS else text[:_MAX_CHARS] + "..."
+
+
+def _clean(obj: Any, depth: int = 0) -> Any:
+    if isinstance(obj, str):
+        return plain(obj)
+    if depth > 32:  # only a hostile report nests this deep
+        return "..."
+    if isinstance(obj, dict):
+        return {plain(k, one_line=True) if isinstance(k, str) else k: _clean(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v, depth + 1) for v in obj]
+    return obj
+
+
+def _displayable(report: Report) -> tuple[Report, int, int]:
+    """A copy of what the view shows, each string made plain; and how many stages and
+    findings were left out."""
+    stages = list(report.stages.items())
+    findings = report.findings_by_severity()
+    shown = Report(
+        latency=_clean(report.latency),
+        stages=_clean(dict(stages[:MAX_STAGES_SHOWN])),
+        findings=[Finding(**_clean(f.to_dict())) for f in findings[:MAX_FINDINGS_SHOWN]],
+        environment=_clean(report.environment),
+        errors=_clean(report.errors),
+        meta=_clean(report.meta),
+        created=report.created,
+        extra=_clean({k: v for k, v in report.extra.items() if k not in ("levels", "sweep")}),
+    )
+    return shown, max(len(stages) - MAX_STAGES_SHOWN, 0), max(len(findings) - MAX_FINDINGS_SHOWN, 0)
 
 
 def _ms(x: Any) -> str:
@@ -138,7 +192,7 @@ def _stage_table(report: Report) -> Table:
         share = s.get("share")
         bar = "█" * round((share or 0) * 20)
         table.add_row(
-            stage_label(name),
+            Text(stage_label(name)),  # a Text, never markup: the name may come from a server
             *(_ms(s.get(f"{k}_ms")) for k in ("mean", "p50", "p90", "p95", "p99", "max")),
             "-" if share is None else f"{share * 100:.1f}%",
             Text(bar, style="cyan"),
@@ -163,9 +217,12 @@ def _findings(report: Report) -> list[Any]:
 
 def render_terminal(report: Report, *, console: Console | None = None, width: int = 110) -> str:
     """Print the report to ``console`` (stdout by default) and return it as plain text."""
+    report, more_stages, more_findings = _displayable(report)
     parts: list[Any] = [*_headline(report)]
     if report.stages:
         parts += [Text(""), _stage_table(report)]
+    if more_stages:
+        parts.append(Text(f"{more_stages:,} more stages not shown (the JSON has them all: --json)", style="yellow"))
     env = report.environment or {}
     torch = env.get("torch") or {}
     where = f"Python {env.get('python', '?')}, {env.get('cpus_available', '?')} CPUs"
@@ -176,6 +233,8 @@ def render_terminal(report: Report, *, console: Console | None = None, width: in
     found = _findings(report)
     if found:
         parts += [Text(""), *found]
+    if more_findings:
+        parts.append(Text(f"{more_findings:,} more findings not shown (the JSON has them all: --json)", style="yellow"))
     group = Group(*parts)
     if console is not None:
         console.print(group)
