@@ -453,3 +453,34 @@ def test_a_model_slower_than_inline_below_ms_always_goes_to_the_worker():
     assert all(r.status_code == 200 for r in run(go()))
     assert app.info["inline"] is False
     assert model.threads == ["servescope-worker"] * 2
+
+
+def test_report_is_built_at_most_once_per_interval_however_often_it_is_scraped():
+    app = servescope.serve(Doubler(), report_interval_s=5.0)
+    built = []
+    source = app.report_source
+    app.report_source = lambda: built.append(1) or source()
+    now = [100.0]
+    app._now = lambda: now[0]  # the app's clock, by hand
+
+    async def go():
+        async with Running(app) as client:
+            await client.post("/predict", json={"x": [1, 2, 3, 4]})
+            first = await asyncio.gather(*(client.get("/report") for _ in range(20)))  # at once
+            again = await client.get("/report")
+            await client.post("/predict", json={"x": [1, 2, 3, 4]})
+            now[0] += 5.0
+            later = await client.get("/report")
+            return first, again, later
+
+    first, again, later = run(go())
+    assert [r.status_code for r in first] == [200] * 20 and again.status_code == 200
+    assert len(built) == 2  # once for the 21 scrapes, once after the interval
+    assert {r.content for r in first} == {again.content} and first[0].json()["latency"]["count"] == 1
+    assert later.json()["latency"]["count"] == 2
+
+
+@pytest.mark.parametrize("bad", [-1, "1s"])
+def test_a_bad_report_interval_is_refused(bad):
+    with pytest.raises(ConfigError, match="report_interval_s"):
+        servescope.serve(Doubler(), report_interval_s=bad)

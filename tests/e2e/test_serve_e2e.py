@@ -77,9 +77,16 @@ def test_bench_sees_the_runtimes_stage_breakdown(server):
 
 def test_report_reads_what_the_running_server_served(server):
     _, url = server
-    before = json.loads(urllib.request.urlopen(f"{url}/report", timeout=30).read())["latency"]["count"]
+    def served() -> int:
+        return json.loads(urllib.request.urlopen(f"{url}/report", timeout=30).read())["latency"]["count"]
+
+    before = served()
     for _ in range(3):
         post(url).read()
+    deadline = time.monotonic() + 20
+    while served() != before + 3:  # /report is built at most once a second: it catches up
+        assert time.monotonic() < deadline, "GET /report never counted the 3 requests"
+        time.sleep(0.1)
     p = subprocess.run(
         [sys.executable, "-m", "servescope", "report", f"{url}/report", "--json"], capture_output=True, text=True, timeout=60
     )

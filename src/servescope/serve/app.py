@@ -59,6 +59,7 @@ class ServeApp:
         inline_below_ms: float = 5.0,
         report_source: Callable[[], Report] | None = None,
         timing_suffix: str = "",
+        report_interval_s: float = 1.0,
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -74,6 +75,8 @@ class ServeApp:
             raise ConfigError(f"inline_below_ms must be >= 0 (0: never inline), got {inline_below_ms!r}")
         if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if not isinstance(report_interval_s, (int, float)) or not 0 <= report_interval_s < float("inf"):
+            raise ConfigError(f"report_interval_s must be a number of seconds >= 0, got {report_interval_s!r}")
         self.model = model
         self.example = example if example is not None else model.example
         self.timeout_s = float(timeout_s)
@@ -90,6 +93,12 @@ class ServeApp:
         # what each Server-Timing value ends with (a replica names itself and the proxy before it)
         self.report_source = report_source or (lambda: self.recorder.report(tool="servescope serve"))
         self.timing_suffix = timing_suffix
+        # GET /report is built (off the loop) at most once per interval; scrapes in between, and
+        # those while one is being built, share that body: scraping it cannot starve /predict
+        self.report_interval_s = float(report_interval_s)
+        self._report: tuple[float, bytes] | None = None  # (built at, body)
+        self._report_build: asyncio.Future[bytes] | None = None
+        self._now = time.monotonic
         # a lone request on a fast model runs on the event loop (no thread hand-offs) when
         # nothing else is in flight; `_lone_ns` is a single item's measured time, from warm-up on
         self.inline_below_ns = round(inline_below_ms * 1e6)
@@ -168,6 +177,25 @@ class ServeApp:
         self.state = "stopping"
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop)
 
+    async def _report_body(self) -> bytes:
+        """The /report body: the one built within the interval, the one being built, or a new one."""
+        cached = self._report
+        if cached is not None and self._now() - cached[0] < self.report_interval_s:
+            return cached[1]
+        if self._report_build is None:
+            self._report_build = asyncio.ensure_future(self._build_report())
+        return await asyncio.shield(self._report_build)  # a scraper that leaves cancels only itself
+
+    async def _build_report(self) -> bytes:
+        try:
+            body = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.report_source().to_json(indent=False, samples=False).encode()
+            )  # the JSON too: a report of many samples is milliseconds of work, off the loop
+            self._report = (self._now(), body)
+            return body
+        finally:
+            self._report_build = None
+
     # -- ASGI --------------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -189,11 +217,11 @@ class ServeApp:
                 await self._serve_metrics(send)
             elif path == "/report":
                 try:
-                    report = await asyncio.get_running_loop().run_in_executor(None, self.report_source)
+                    body = await self._report_body()
                 except Exception as exc:  # a Ray collector out of reach: say so, keep serving
                     await _respond(send, 503, _error_body(f"no report now: {type(exc).__name__}: {exc}"))
                 else:
-                    await _respond(send, 200, report.to_json(indent=False, samples=False).encode())
+                    await _respond(send, 200, body)
             else:
                 await _respond(send, 404, _error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics, /report"))
         elif kind == "lifespan":
