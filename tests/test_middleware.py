@@ -329,3 +329,21 @@ def test_wsgi_the_apps_own_server_timing_and_metrics_route_are_its_own():
     assert client.get("/metrics").data == b"mine"
     r = Client(ServescopeWSGIMiddleware(no_metrics, exporters=[PrometheusExporter()])).get("/metrics")
     assert r.status_code == 200 and b"servescope_stage_seconds" in r.data
+
+
+def test_wsgi_metrics_route_of_an_app_that_starts_its_response_with_the_first_chunk():
+    from werkzeug.test import Client
+
+    from servescope.exporters import PrometheusExporter
+
+    def lazy(status):
+        def app(environ, start_response):  # PEP 3333 allows start_response at the first chunk
+            start_response(status, [("Content-Type", "text/plain")])
+            yield b"mine"
+
+        return app
+
+    r = Client(ServescopeWSGIMiddleware(lazy("200 OK"), exporters=[PrometheusExporter()])).get("/metrics")
+    assert r.status_code == 200 and r.data == b"mine"
+    r = Client(ServescopeWSGIMiddleware(lazy("404 Not Found"), exporters=[PrometheusExporter()])).get("/metrics")
+    assert r.status_code == 200 and b"servescope_stage_seconds" in r.data
