@@ -27,6 +27,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
 def _duration(text: str) -> float:
     from .bench import parse_duration
 
@@ -115,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--url", help="an endpoint already running: only the checks that work from outside")
     doc.add_argument("--payload", metavar="FILE", help="a JSON request body (for a handler: its argument)")
     doc.add_argument("--path", default="/predict", help="the route to POST to, for apps (default /predict)")
-    doc.add_argument("--requests", type=_positive_int, default=30, help="sequential warm requests (default 30)")
+    doc.add_argument("--requests", type=_at_least(3), default=30, help="sequential warm requests (default 30, at least 3)")
     doc.add_argument("--concurrency", type=_positive_int, default=8, help="callers in the concurrent phase (default 8)")
     doc.add_argument("--timeout", type=_duration, default=30.0, help="per-request timeout (default 30s)")
     doc.add_argument("--fail-on", choices=["critical", "high", "medium", "low", "info"], help="exit 1 when a finding this bad or worse is present (3 when it could not diagnose, always)")

@@ -28,6 +28,7 @@ __all__ = [
     "Forwards",
     "LoopActivity",
     "MissingEvidence",
+    "Repeated",
     "Warm",
 ]
 
@@ -52,6 +53,19 @@ class Forwards:
     input_devices: list[str] = field(default_factory=list)
     mean_ms: float | None = None
     modules: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # torch, onnxruntime, scikit-learn ...
+    pad_share: float | None = None  # mean share of padding in the calls' attention masks
+
+
+@dataclass
+class Repeated:
+    """Model calls whose inputs were the same in every warm request and in one request with
+    the payload varied: work done again whatever the endpoint is asked."""
+
+    calls_per_request: float = 0.0
+    ms_per_request: float = 0.0
+    modules: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +76,7 @@ class Cold:
     error: str | None = None
     loads: int = 0
     constructed: int = 0
+    params_built: int = 0
     load_calls: list[str] = field(default_factory=list)
 
 
@@ -77,6 +92,7 @@ class Warm:
     load_calls: list[str] = field(default_factory=list)
     constructed_per_request: float = 0.0
     construct_ms_per_request: float = 0.0
+    params_built_per_request: float = 0.0  # parameter elements allocated: weights built per request
     module_moves_per_request: float = 0.0
     h2d_per_request: float = 0.0
     d2h_per_request: float = 0.0
@@ -152,6 +168,7 @@ class Evidence:
     concurrent: Concurrent | None = None
     batch_probe: BatchProbe | None = None
     environment: Environment | None = None
+    repeated: Repeated | None = None
     hot_spots: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     #: section name -> why it is absent (said by the run that left it out)

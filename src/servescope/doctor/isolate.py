@@ -7,9 +7,10 @@ A handler that forks, starts threads that never end, deadlocks, calls ``sys.exit
 (with the phase it happened in and the end of the endpoint's own output) and exits 3,
 never hangs and never dies with it. Ctrl-C ends the run at once, children included.
 
-Deadlines: each phase of the run is bounded inside the child by ``--timeout``; the parent
-ends the child when it reports no progress for ``--timeout`` plus a margin, and in any case
-after ``--timeout`` x phases plus a margin.
+Deadlines: each phase of the run is bounded inside the child by ``--timeout`` (a budget,
+then the last request's whole timeout); the parent ends the child when it reports no
+progress for two ``--timeout`` plus a margin (``START_S`` while it imports and starts), and in
+any case after ``START_S`` + ``--timeout`` x ``PHASES`` + a margin.
 """
 
 from __future__ import annotations
@@ -29,13 +30,18 @@ from typing import Any, Callable
 from ..exceptions import ConfigError
 from ..recorder import Recorder
 from ..report import Report
-from .run import DoctorOptions, Verdict
+from .run import MIN_OK_REQUESTS, DoctorOptions, Verdict
 
 __all__ = ["PHASES", "diagnose_isolated"]
 
-#: start (import and start-up), cold request, warm requests, concurrent phase, batch probe
-PHASES = 5
-MARGIN_S = 10.0
+#: Phases bounded by ``--timeout`` each: the cold request, the warm phase (its budget and
+#: its last request), the probe check, the varied request, the concurrent phase (its budget
+#: and its last requests), the batch probe; plus MIN_OK_REQUESTS slow warm requests.
+PHASES = 8 + MIN_OK_REQUESTS
+MARGIN_S = 15.0
+#: Importing the target and starting the app (torch, weights loaded at import) may take
+#: longer than one request: at least this long, whatever ``--timeout`` says.
+START_S = 120.0
 _TAIL_LINES = 12
 
 
@@ -139,15 +145,19 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def _watch(proc: subprocess.Popen[bytes], fd: int, options: DoctorOptions, tick: Callable[[str, float], None]) -> dict[str, Any]:
     """Read the child's progress until it is done, dies or overstays; what it said last."""
-    hard = time.monotonic() + options.timeout_s * PHASES + MARGIN_S
-    quiet_for = options.timeout_s + MARGIN_S
+    start_s = max(options.timeout_s, START_S)
+    hard_s = start_s + options.timeout_s * PHASES + MARGIN_S
+    hard = time.monotonic() + hard_s
     last_word = time.monotonic()
     state: dict[str, Any] = {}
     buf = b""
     while True:
         now = time.monotonic()
+        starting = str(state.get("phase", "start-up")).startswith("start-up")
+        # a phase may run a budget plus a whole --timeout before it reports again
+        quiet_for = (start_s if starting else 2 * options.timeout_s) + MARGIN_S
         if now > hard or now - last_word > quiet_for:
-            state["late"] = round(now - last_word, 1) if now - last_word > quiet_for else round(options.timeout_s * PHASES + MARGIN_S, 1)
+            state["late"] = round(now - last_word, 1) if now - last_word > quiet_for else round(hard_s, 1)
             return state
         ready, _, _ = select.select([fd], [], [], 0.2)
         if not ready:

@@ -38,6 +38,7 @@ from contextvars import ContextVar
 from typing import Any, Callable
 
 from ..timing import current_stage_name, stage
+from .inputs import detached, fingerprint, first_array, pad_share, replicate
 
 __all__ = ["Probes", "current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
 
@@ -49,6 +50,8 @@ def new_evidence() -> dict[str, Any]:
         "loads": 0,
         "load_calls": [],
         "constructed": 0,
+        "params_built": 0,
+        "load_windows": [],
         "first_init_ns": None,
         "last_init_ns": None,
         "module_moves": 0,
@@ -102,12 +105,27 @@ class Probes:
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
         self._local = threading.local()
-        self.captured: dict[str, Any] = {}  # first model and input seen: the batch probe replays it
+        self.captured: dict[str, Any] = {}  # "calls": fingerprint -> a model call the batch probe replays
         self._static_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.torch: Any = None
         #: probe name -> why it was switched off (its own code raised)
         self.disabled: dict[str, str] = {}
         self._switches: dict[str, _Switch] = {}
+        #: model calls seen outside any request's context (a batcher's thread, an executor)
+        self.background_forwards: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    #: distinct model calls kept for the batch probe (the first few, by input fingerprint)
+    MAX_CAPTURED = 8
+
+    def wants(self, fp: str | None) -> bool:
+        calls = self.captured.setdefault("calls", {})
+        return fp not in calls and len(calls) < self.MAX_CAPTURED
+
+    def capture(self, fp: str | None, replay: Callable[[int], Callable[[], Any]], kind: str, model: Any) -> None:
+        """Keep a model call the batch probe can replay at other batch sizes."""
+        with self._lock:
+            self.captured.setdefault("calls", {}).setdefault(fp, {"replay": replay, "kind": kind, "model": model})
 
     def switch(self, name: str) -> _Switch:
         sw = self._switches.get(name)
@@ -138,6 +156,7 @@ class Probes:
         self._wrap_class_attr("pydantic", "BaseModel", "model_validate", "validate", classmethod_=True)
         self._wrap_class_attr("pydantic", "BaseModel", "model_validate_json", "validate", classmethod_=True)
         self._mark_handler_entry()
+        self._install_stacks()
         torch = sys.modules.get("torch")
         if torch is None:
             try:
@@ -236,6 +255,9 @@ class Probes:
 
     # -- torch -------------------------------------------------------------------------------
     def _install_torch(self, torch: Any) -> None:
+        """The outermost ``nn.Module`` call is ``infer``. The pre-hook (positional arguments
+        only, in torch's global hooks) opens the stage; the post-hook, which torch gives the
+        keyword arguments too, describes the call (``model(**inputs)`` is the common shape)."""
         local = self._local
         infer = stage("infer")
         probes = self
@@ -248,14 +270,6 @@ class Probes:
             if not sw.on or getattr(local, "active", None) is not None or busy():
                 return  # inside an outer forward, or torch is tracing/scripting/compiling
             try:
-                ev = _evidence.get()
-                if ev is not None:
-                    ev["forwards"].append(probes._describe(module, args))
-                if "model" not in probes.captured and args and not _is_script(torch, module):
-                    captured = _capture(torch, args[0])
-                    if captured is not None:
-                        probes.captured["model"] = module
-                        probes.captured["input"] = captured
                 infer.__enter__()
             except Exception as exc:
                 sw.fail(exc)
@@ -263,22 +277,31 @@ class Probes:
             local.active = depth
             local.t0 = time.perf_counter_ns()
 
-        def post_hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+        def post_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             depth = getattr(local, "depth", 1)
             local.depth = depth - 1
             if getattr(local, "active", None) != depth:
                 return
             local.active = None
+            ms = (time.perf_counter_ns() - local.t0) / 1e6
             try:
-                ev = _evidence.get()
-                if ev is not None and ev["forwards"]:
-                    ev["forwards"][-1]["ms"] = (time.perf_counter_ns() - local.t0) / 1e6
+                record = {**probes._static(module), **probes._describe_call((args, kwargs), ms)}
+                probes._record_forward(record)
+                if probes.wants(record["fp"]) and not _is_script(torch, module) and first_array((args, kwargs)) is not None:
+                    with torch.inference_mode(False):  # copies the probe can also run with autograd on
+                        cargs, ckwargs = detached(args), detached(kwargs)
+
+                    def replay(b: int) -> Callable[[], Any]:
+                        a, k = replicate(cargs, b), replicate(ckwargs, b)
+                        return lambda: module(*a, **k)
+
+                    probes.capture(record["fp"], replay, "torch", module)
             except Exception as exc:
                 sw.fail(exc)
             infer.__exit__(None, None, None)
 
         h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
-        h2 = torch.nn.modules.module.register_module_forward_hook(post_hook, always_call=True)
+        h2 = torch.nn.modules.module.register_module_forward_hook(post_hook, with_kwargs=True, always_call=True)
         self._undo.append(h1.remove)
         self._undo.append(h2.remove)
         self._patch(torch.Tensor, "to", self._tensor_copy(torch, torch.Tensor.to, is_to=True))
@@ -289,23 +312,117 @@ class Probes:
         self._patch(torch.nn.Module, "to", self._module_move(torch.nn.Module.to))
         self._patch(torch.nn.Module, "cuda", self._module_move(torch.nn.Module.cuda))
         self._patch(torch.nn.Module, "__init__", self._module_init(torch.nn.Module.__init__))
+        raw_new = torch.nn.Parameter.__dict__.get("__new__")
+        if isinstance(raw_new, staticmethod):
+            self._patch(torch.nn.Parameter, "__new__", staticmethod(self._param_new(raw_new.__func__)))
         self._patch(torch.nn.Module, "load_state_dict", self._loader(torch.nn.Module.load_state_dict, "load_state_dict"))
         self._patch_module_func(torch, "load", "torch.load")
-        for module, name, label in (
-            ("safetensors.torch", "load_file", "safetensors.load_file"),
-            ("torch.jit", "load", "torch.jit.load"),
-        ):
-            mod = sys.modules.get(module)
-            if mod is not None:
-                self._patch_module_func(mod, name, label)
-        tr = sys.modules.get("transformers")
-        if tr is not None and hasattr(tr, "PreTrainedModel"):
-            fp = tr.PreTrainedModel.__dict__.get("from_pretrained")
-            if isinstance(fp, classmethod):
-                self._patch(tr.PreTrainedModel, "from_pretrained", classmethod(self._loader(fp.__func__, "from_pretrained")))
+        self._patch_module_func(torch.jit, "load", "torch.jit.load")
+        safetensors = sys.modules.get("safetensors.torch")
+        if safetensors is not None:
+            self._patch_module_func(safetensors, "load_file", "safetensors.load_file")
+
+    def _describe_call(self, inputs: Any, ms: float) -> dict[str, Any]:
+        """What a model call's inputs tell, whatever their shape: batch size, device, padding,
+        a fingerprint; and the call's context (autograd, event loop)."""
+        torch = self.torch
+        x = first_array(inputs)
+        device = getattr(x, "device", None)
+        return {
+            "batch": int(x.shape[0]) if x is not None and len(x.shape) > 0 else None,
+            "input_device": str(device) if device is not None else ("cpu" if x is not None else None),
+            "grad": bool(torch is not None and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()),
+            "on_event_loop": _loop_running(),
+            "pad_share": pad_share(inputs),
+            "fp": fingerprint(inputs),
+            "ms": ms,
+        }
+
+    def _record_forward(self, record: dict[str, Any]) -> None:
+        ev = _evidence.get()
+        if ev is not None:
+            ev["forwards"].append(record)
+        else:  # a batcher's worker thread, an executor without the request's context
+            with self._lock:
+                self.background_forwards.append({"batch": record.get("batch"), "module": record.get("module")})
+
+    def _install_stacks(self) -> None:
+        """Model calls and loaders beyond ``nn.Module``: ONNX Runtime, scikit-learn,
+        sentence-transformers' ``encode``, transformers' pipelines, tokenizers and configs,
+        joblib and pickle. Each is patched only where its package is already imported (the
+        endpoint's module has been imported by now)."""
+        ort = sys.modules.get("onnxruntime")
+        if ort is not None and hasattr(ort, "InferenceSession"):
+            self._patch(ort.InferenceSession, "__init__", self._loader(ort.InferenceSession.__init__, "onnxruntime.InferenceSession()"))
+            self._patch(ort.InferenceSession, "run", self._model_call(ort.InferenceSession.run, "onnxruntime", _ort_inputs, _ort_replay))
+        sk = sys.modules.get("sklearn.base")
+        if sk is not None and hasattr(sk, "BaseEstimator"):
+            for cls in _subclasses(sk.BaseEstimator):
+                for name in ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform"):
+                    if name in cls.__dict__ and callable(cls.__dict__[name]):
+                        self._patch(cls, name, self._model_call(cls.__dict__[name], "scikit-learn", _first_arg, _first_arg_replay(name)))
         st = sys.modules.get("sentence_transformers")
         if st is not None and hasattr(st, "SentenceTransformer"):
-            self._patch(st.SentenceTransformer, "__init__", self._loader(st.SentenceTransformer.__init__, "SentenceTransformer()"))
+            cls = st.SentenceTransformer
+            self._patch(cls, "__init__", self._loader(cls.__init__, "SentenceTransformer()"))
+            self._patch(cls, "encode", self._model_call(cls.encode, "sentence-transformers", _first_arg, _first_arg_replay("encode")))
+        tr = sys.modules.get("transformers")
+        if tr is not None:
+            for cls_name, label in (
+                ("PreTrainedModel", "from_pretrained"),
+                ("PreTrainedTokenizerBase", "AutoTokenizer.from_pretrained"),
+                ("PretrainedConfig", "AutoConfig.from_pretrained"),
+                ("ProcessorMixin", "AutoProcessor.from_pretrained"),
+                ("ImageProcessingMixin", "AutoImageProcessor.from_pretrained"),
+                ("FeatureExtractionMixin", "AutoFeatureExtractor.from_pretrained"),
+            ):
+                cls = getattr(tr, cls_name, None)
+                fp = cls.__dict__.get("from_pretrained") if cls is not None else None
+                if isinstance(fp, classmethod):
+                    self._patch(cls, "from_pretrained", classmethod(self._loader(fp.__func__, label)))
+            pipe = getattr(tr, "Pipeline", None)
+            if pipe is not None and "__call__" in pipe.__dict__:
+                self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
+        for module, name, label in (("joblib", "load", "joblib.load"), ("pickle", "load", "pickle.load")):
+            mod = sys.modules.get(module)
+            if mod is not None and hasattr(mod, name):
+                self._patch_module_func(mod, name, label)
+
+    def _model_call(
+        self,
+        original: Callable[..., Any],
+        kind: str,
+        inputs_of: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+        replay_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None,
+    ) -> Callable[..., Any]:
+        """A model call outside torch's module hooks, timed as ``infer`` (only the outermost:
+        a scikit-learn Pipeline's steps, or the torch modules under ``encode``, stay inside)."""
+        infer = stage("infer")
+        sw = self.switch(f"{kind} {original.__name__}")
+        probes = self
+
+        @functools.wraps(original)
+        def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            if not sw.on or current_stage_name() == "infer":
+                return original(self_, *args, **kwargs)
+            t0 = time.perf_counter_ns()
+            with infer:
+                out = original(self_, *args, **kwargs)
+            try:
+                inputs = inputs_of(args, kwargs)
+                record = {"module": type(self_).__name__, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
+                record.update(probes._describe_call(inputs, (time.perf_counter_ns() - t0) / 1e6))
+                record["grad"] = False
+                probes._record_forward(record)
+                if replay_of is not None and probes.wants(record["fp"]) and record["batch"]:
+                    replay = replay_of(self_, detached(args), detached(kwargs))
+                    if replay is not None:
+                        probes.capture(record["fp"], replay, kind, None)
+            except Exception as exc:
+                sw.fail(exc)
+            return out
+
+        return wrapper
 
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         if name in owner.__dict__:
@@ -317,19 +434,6 @@ class Probes:
 
     def _patch_module_func(self, module: Any, name: str, label: str) -> None:
         self._patch(module, name, self._loader(getattr(module, name), label))
-
-    def _describe(self, module: Any, args: tuple[Any, ...]) -> dict[str, Any]:
-        torch = self.torch
-        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        if x is None and args and isinstance(args[0], Mapping):  # tokenizer output: a dict of tensors
-            x = next((v for v in args[0].values() if isinstance(v, torch.Tensor)), None)
-        return {
-            **self._static(module),
-            "batch": int(x.shape[0]) if x is not None and x.dim() > 0 else None,
-            "input_device": str(x.device) if x is not None else None,
-            "grad": torch.is_grad_enabled() and not torch.is_inference_mode_enabled(),
-            "on_event_loop": _loop_running(),
-        }
 
     def _static(self, module: Any) -> dict[str, Any]:
         """What walking the module tree tells (class, device, training flags), cached per
@@ -456,13 +560,34 @@ class Probes:
 
         return wrapper
 
+    def _param_new(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``nn.Parameter`` creation: weights allocated during a request are a model being
+        built (a module without weights, ``nn.Softmax()``, is not)."""
+        sw = self.switch("Parameter.__new__")
+
+        def new(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+            out = original(cls, data, requires_grad)
+            if sw.on:
+                try:
+                    ev = _evidence.get()
+                    if ev is not None:
+                        ev["params_built"] += int(out.numel())
+                except Exception as exc:
+                    sw.fail(exc)
+            return out
+
+        return new
+
     def _loader(self, original: Callable[..., Any], label: str) -> Callable[..., Any]:
+        """A loader, timed as ``load``; one inside another (``SentenceTransformer()`` calls
+        ``from_pretrained``, which calls ``torch.load``) is part of the outer one, not counted
+        again."""
         load = stage("load")
         sw = self.switch(label)
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not sw.on:
+            if not sw.on or current_stage_name() == "load":
                 return original(*args, **kwargs)
             ev = _evidence.get()
             t0 = time.perf_counter_ns()
@@ -471,8 +596,10 @@ class Probes:
                     return original(*args, **kwargs)
                 finally:
                     if ev is not None:
+                        t1 = time.perf_counter_ns()
                         ev["loads"] += 1
-                        ev["load_calls"].append((label, (time.perf_counter_ns() - t0) / 1e6))
+                        ev["load_calls"].append((label, (t1 - t0) / 1e6))
+                        ev["load_windows"].append((t0, t1))
 
         return wrapper
 
@@ -494,16 +621,55 @@ def _is_script(torch: Any, module: Any) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
-def _capture(torch: Any, x: Any) -> Any:
-    """A detached copy of a model input the batch probe can replay: a tensor with a batch
-    dimension, or a dict of them (what tokenizers return)."""
-    if isinstance(x, torch.Tensor) and x.dim() > 0:
-        return x.detach().clone()
-    if isinstance(x, Mapping):  # dict, or transformers' BatchEncoding (a UserDict)
-        tensors = {k: v for k, v in x.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
-        if tensors and len({v.shape[0] for v in tensors.values()}) == 1:
-            return {k: (v.detach().clone() if k in tensors else v) for k, v in x.items()}
-    return None
+def _subclasses(cls: type) -> list[type]:
+    out, todo = [], [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.append(sub)
+                todo.append(sub)
+    return out
+
+
+def _first_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else next(iter(kwargs.values()), None)
+
+
+def _first_arg_replay(method: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    """Replays ``obj.method(X, ...)`` with X's first row replicated (a scikit-learn estimator on
+    an array or DataFrame, ``encode`` on a list of texts)."""
+
+    def make(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not args:
+            return None
+        x, rest = args[0], args[1:]
+        if isinstance(x, str):
+            x = [x]  # encode("one text"): the same text as a list of one
+
+        def replay(b: int) -> Callable[[], Any]:
+            xb = replicate(x, b)
+            return lambda: getattr(obj, method)(xb, *rest, **kwargs)
+
+        return replay
+
+    return make
+
+
+def _ort_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[1] if len(args) > 1 else kwargs.get("input_feed")
+
+
+def _ort_replay(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    names = args[0] if args else kwargs.get("output_names")
+    feed = _ort_inputs(args, kwargs)
+    if not isinstance(feed, Mapping):
+        return None
+
+    def replay(b: int) -> Callable[[], Any]:
+        fb = replicate(dict(feed), b)
+        return lambda: session.run(names, fb)
+
+    return replay
 
 
 def _pinned(t: Any) -> bool:
@@ -514,16 +680,17 @@ def _pinned(t: Any) -> bool:
 
 
 def _staged(fn: Callable[..., Any], stage_name: str, sw: _Switch) -> Callable[..., Any]:
-    """``fn`` timed as a stage; a call made inside the same stage (recursion, as in FastAPI's
-    jsonable_encoder walking every element) goes straight through, so the probe costs one
-    stage per outermost call, not one per element."""
+    """``fn`` timed as a stage when no stage is open: a call made inside any stage goes
+    straight through. So recursion (FastAPI's jsonable_encoder walking every element) costs
+    one stage per outermost call, and a ``json.loads`` inside a loader (a tokenizer reading
+    its files) stays ``load``, inside a user's own stage stays the user's, never ``validate``."""
     st = stage(stage_name)
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             current = current_stage_name()
-            if not sw.on or current is None or current == stage_name:
+            if not sw.on or current != "":
                 return await fn(*args, **kwargs)
             with st:
                 return await fn(*args, **kwargs)
@@ -533,7 +700,7 @@ def _staged(fn: Callable[..., Any], stage_name: str, sw: _Switch) -> Callable[..
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         current = current_stage_name()
-        if not sw.on or current is None or current == stage_name:
+        if not sw.on or current != "":
             return fn(*args, **kwargs)
         with st:
             return fn(*args, **kwargs)

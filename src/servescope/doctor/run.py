@@ -16,6 +16,7 @@ them, rather than blame the endpoint.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
@@ -37,10 +38,12 @@ from .evidence import (
     Environment,
     Evidence,
     Forwards,
+    Repeated,
     Warm,
 )
 from .probes import Probes
 from .sampler import StackSampler
+from .inputs import vary
 from .targets import UNFINISHED, Observation, Target, make_target, payload_bytes
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
@@ -75,14 +78,18 @@ class Verdict:
 
 #: At least this many warm requests, and this share of them, must succeed to diagnose.
 MIN_OK_REQUESTS, MIN_OK_SHARE = 3, 0.5
+#: The probes are blamed only when this share of probed requests failed and every one of
+#: this many unprobed requests succeeded.
+PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 
 
 def _kind(error: str) -> str:
     return error.split(":", 1)[0]
 
 
-def _forwards(obs: list[Observation]) -> Forwards:
-    forwards = [f for o in obs for f in o.evidence.get("forwards", [])]
+def _forwards(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
+    forwards = [f for o in obs for f in o.evidence.get("forwards", []) if f.get("fp") not in skip or f.get("fp") is None]
+    pads = [f["pad_share"] for f in forwards if f.get("pad_share") is not None]
     per_request = [len(o.evidence.get("forwards", [])) for o in obs if o.error is None]
     timed = [f["ms"] for f in forwards if "ms" in f]
     return Forwards(
@@ -98,7 +105,35 @@ def _forwards(obs: list[Observation]) -> Forwards:
         input_devices=sorted({f["input_device"] for f in forwards if f.get("input_device")}),
         mean_ms=round(statistics.mean(timed), 4) if timed else None,
         modules=sorted({f["module"] for f in forwards}),
+        kinds=sorted({f.get("kind", "torch") for f in forwards}),
+        pad_share=round(statistics.mean(pads), 4) if pads else None,
     )
+
+
+def _repeated(ok: list[Observation], varied: Observation) -> tuple[Repeated, frozenset[str]]:
+    """The calls whose fingerprint was in every successful warm request and in the varied one."""
+    per = [{f["fp"] for f in o.evidence.get("forwards", []) if f.get("fp")} for o in ok]
+    constant = frozenset(set.intersection(*per) if per else set()) & {f["fp"] for f in varied.evidence.get("forwards", []) if f.get("fp")}
+    calls = [[f for f in o.evidence.get("forwards", []) if f.get("fp") in constant] for o in ok]
+    return (
+        Repeated(
+            calls_per_request=round(statistics.mean(len(c) for c in calls), 2) if calls else 0.0,
+            ms_per_request=round(statistics.mean(sum(f.get("ms", 0.0) for f in c) for c in calls), 3) if calls else 0.0,
+            modules=sorted({f["module"] for c in calls for f in c}),
+            batch_sizes=sorted({f["batch"] for c in calls for f in c if f.get("batch") is not None}),
+        ),
+        constant,
+    )
+
+
+def _construct_ms(ev: dict[str, Any]) -> float:
+    """Module construction (first to last ``nn.Module.__init__``) outside any loader's time
+    (a ``from_pretrained`` builds its modules inside its own load time)."""
+    lo, hi = ev.get("first_init_ns"), ev.get("last_init_ns")
+    if lo is None or hi is None or not ev.get("params_built"):
+        return 0.0
+    inside = sum(max(0, min(b, hi) - max(a, lo)) for a, b in ev.get("load_windows", []))
+    return max(hi - lo - inside, 0) / 1e6
 
 
 def _mean(values: list[float]) -> float:
@@ -119,9 +154,8 @@ def _warm(obs: list[Observation]) -> Warm:
         load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
         load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),
         constructed_per_request=per("constructed"),
-        construct_ms_per_request=_mean(
-            [((o.evidence["last_init_ns"] - o.evidence["first_init_ns"]) / 1e6) if o.evidence.get("first_init_ns") else 0.0 for o in ok]
-        ),
+        construct_ms_per_request=_mean([_construct_ms(o.evidence) for o in ok]),
+        params_built_per_request=per("params_built"),
         module_moves_per_request=per("module_moves"),
         h2d_per_request=per("h2d"),
         d2h_per_request=per("d2h"),
@@ -144,43 +178,39 @@ def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
     return min(times) * 1000
 
 
-def batch_probe(torch: Any, model: Any, x: Any, sizes: tuple[int, ...]) -> BatchProbe:
-    """Time ``model`` on ``x`` (its first row replicated) at several batch sizes under
-    ``inference_mode``, then at batch 1 with autograd on and in eval mode. The model's
-    training flags are restored, module by module."""
-
-    def rows(b: int) -> Any:
-        if isinstance(x, dict):
-            return {k: (torch.cat([v[:1]] * b) if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
-        return torch.cat([x[:1]] * b)
-
-    one = rows(1)
+def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: Any, sizes: tuple[int, ...]) -> BatchProbe:
+    """Time a captured model call at several batch sizes (``replay(b)`` builds the call with
+    the first row replicated ``b`` times), under ``inference_mode`` for torch. For a torch
+    module (``model``), also batch 1 with autograd on and in eval mode; its training flags are
+    restored, module by module."""
+    quiet = torch.inference_mode if torch is not None and model is not None else contextlib.nullcontext
     out = BatchProbe()
     try:
-        with torch.inference_mode():
+        with quiet():
             for b in sizes:
-                xb = rows(b)
-                out.per_item_ms[str(b)] = round(_best_ms(lambda: model(xb)) / b, 4)
+                out.per_item_ms[str(b)] = round(_best_ms(replay(b)) / b, 4)
         per_item = out.per_item_ms
         best = min(per_item, key=per_item.__getitem__)
         out.best_batch = int(best)
         out.gain = round(per_item[str(sizes[0])] / per_item[best], 3) if per_item[best] else None
-        with torch.inference_mode():
-            t_inf = _best_ms(lambda: model(one))
+        one = replay(1)
+        with quiet():
+            out.forward_ms = round(_best_ms(one), 4)
+        if model is None:
+            return out
         with torch.enable_grad():
-            t_grad = _best_ms(lambda: model(one))
-        out.grad_ratio = round(t_grad / t_inf, 3) if t_inf else None
+            t_grad = _best_ms(one)
+        out.grad_ratio = round(t_grad / out.forward_ms, 3) if out.forward_ms else None
         modes = [(m, m.training) for m in model.modules() if hasattr(m, "training")]
         try:
             with torch.inference_mode():
-                t_train = _best_ms(lambda: model(one))  # as the endpoint runs it
+                t_train = _best_ms(one)  # as the endpoint runs it
                 model.eval()
-                t_eval = _best_ms(lambda: model(one))
+                t_eval = _best_ms(one)
         finally:
             for m, flag in modes:
                 m.training = flag
         out.train_ratio = round(t_train / t_eval, 3) if t_eval else None
-        out.forward_ms = round(t_inf, 4)
     except Exception as exc:  # the probe is a bonus: its failure is data
         out.error = f"{type(exc).__name__}: {exc}"[:300]
     return out
@@ -205,22 +235,28 @@ class _Run:
         self.missing: dict[str, str] = {}
         self.probes_at_fault: str | None = None
         self.start_error: str | None = None
+        self.varied: Observation | None = None
+        self.repeated: Repeated | None = None
+        self.constant: frozenset[str] = frozenset()
 
     def _left(self) -> float:
         return self.options.max_seconds - (time.perf_counter() - self.started)
 
     def _warm_phase(self, budget_s: float) -> list[Observation]:
+        """Sequential requests, each with the whole ``--timeout``: new ones start until
+        ``budget_s`` has passed (and at least ``MIN_OK_REQUESTS`` ran), so a slow endpoint is
+        measured, never cut off and called failed. A request that times out ends the phase
+        (the next ones would only queue behind it)."""
         o, out = self.options, []
         deadline = time.perf_counter() + budget_s
         for i in range(o.requests):
-            left = deadline - time.perf_counter()
-            if left <= 0:
+            if i >= MIN_OK_REQUESTS and time.perf_counter() > deadline:
                 break
-            obs = self.target.request(self.payload, self.body, min(o.timeout_s, left))
+            obs = self.target.request(self.payload, self.body, o.timeout_s)
             out.append(obs)
             self.tick("sequential requests", (i + 1) / o.requests)
             if obs.error and obs.error.startswith("timeout"):
-                break  # a handler that does not answer: the next ones would only queue behind it
+                break
         return out
 
     def execute(self) -> None:
@@ -235,12 +271,14 @@ class _Run:
             self.tick("cold request", 0.0)
             self.cold = self.target.request(self.payload, self.body, o.timeout_s)
             with self.sampler:
-                self.warm = self._warm_phase(min(o.timeout_s, max(self._left() * 0.5, 1.0)))
+                self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
                 if any(w.error for w in self.warm):
                     self._check_the_probes()
                 if not any(w.error is None for w in self.warm):
                     return  # nothing succeeded: more load would only repeat the failure
+                self._varied_request()
                 self._concurrent_phase()
+            self.probes.remove()  # the batch probe times the model alone, without the probes' hooks
             self.tick("batch probe", 0.0)
             self._batch_probe()
         finally:
@@ -248,34 +286,68 @@ class _Run:
             self.target.stop()
 
     def _check_the_probes(self) -> None:
-        """Some requests failed under the probes: one request without them tells whose fault
-        it is. If it succeeds, the probes are, and the run measures again without them."""
+        """Most requests failed under the probes: requests without them tell whose fault it
+        is. Only when nearly all probed requests failed and every unprobed one succeeds are
+        the probes to blame; then the run measures again without them. An endpoint that fails
+        now and then keeps its probed evidence, and its failures are reported."""
+        failed = sum(1 for w in self.warm if w.error)
+        if failed < PROBE_BLAME_SHARE * len(self.warm):
+            return
         self.probes.remove()
-        bare = self.target.request(self.payload, self.body, self.options.timeout_s)
-        if bare.error is None:
+        bare = [self.target.request(self.payload, self.body, self.options.timeout_s) for _ in range(PROBE_BLAME_CHECKS)]
+        if all(b.error is None for b in bare):
             first = next(w.error for w in self.warm if w.error)
-            self.probes_at_fault = f"requests failed under the probes ({first}) and succeeded without them"
+            self.probes_at_fault = (
+                f"{failed} of {len(self.warm)} requests failed under the probes ({first}) and {len(bare)} of {len(bare)} succeeded without them"
+            )
             self.missing.update(
                 {
                     "warm.forwards": "the probes were switched off (" + self.probes_at_fault + ")",
                     "batch_probe": "the probes were switched off, so no model input was captured",
                 }
             )
-            self.warm = self._warm_phase(min(self.options.timeout_s, max(self._left() * 0.5, 1.0)))
+            self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
         else:
             self.probes.install()
+
+    def _varied_request(self) -> None:
+        """One request with the payload's strings and decimals changed a little: a model call
+        whose inputs stay the same is work the endpoint repeats whatever it is asked."""
+        if self.probes_at_fault:
+            return
+        varied = vary(self.payload)
+        if varied == self.payload:
+            self.missing["repeated"] = "the payload has no text or decimal number to vary, so inputs that never change cannot be told apart"
+            return
+        obs = self.target.request(varied, payload_bytes(varied), self.options.timeout_s)
+        if obs.error:
+            self.missing["repeated"] = f"a request with the payload varied failed ({obs.error}), so inputs that never change cannot be told apart"
+        else:
+            self.varied = obs
+            ok = [w for w in self.warm if w.error is None]
+            self.repeated, self.constant = _repeated(ok, obs)
 
     def _concurrent_phase(self) -> None:
         o = self.options
         self.tick("concurrent requests", 0.0)
-        budget = min(o.timeout_s, max(self._left() * 0.75, 1.0))
+        budget = max(self._left() * 0.75, 1.0)
+        done = threading.Event()
+
+        def still_going() -> None:  # the parent hears from the run while the phase lasts
+            while not done.wait(1.0):
+                self.tick("concurrent requests", 0.5)
+
+        threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
         cpu0, t0 = time.process_time(), time.perf_counter_ns()
-        self.conc, self.conc_elapsed = self.target.concurrent(self.payload, self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
+        try:
+            self.conc, self.conc_elapsed = self.target.concurrent(self.payload, self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
+        finally:
+            done.set()
         cpu1, t1 = time.process_time(), time.perf_counter_ns()
         self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
         loop_tid = self.target.loop_thread_id
         exclude = {threading.main_thread().ident or 0, loop_tid or 0}
-        exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler"))}
+        exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler", "servescope-ticker"))}
         self.concurrent_extra = {
             "loop": self.sampler.loop_activity(loop_tid, t0, t1) if loop_tid else None,
             "cpu_cores_busy": round((cpu1 - cpu0) / ((t1 - t0) / 1e9), 2) if t1 > t0 else None,
@@ -284,12 +356,23 @@ class _Run:
         }
 
     def _batch_probe(self) -> None:
-        torch, model, x = self.probes.torch, self.probes.captured.get("model"), self.probes.captured.get("input")
-        if torch is None or model is None or x is None:
-            self.missing.setdefault("batch_probe", "batch probe skipped: no model input was captured (no torch.nn.Module was called with a tensor or a dict of tensors)")
+        calls = self.probes.captured.get("calls") or {}
+        # a call whose inputs change with the request (not one repeated whatever it is asked)
+        chosen = next((c for fp, c in calls.items() if fp not in self.constant), None) or next(iter(calls.values()), None)
+        if chosen is None:
+            self.missing.setdefault(
+                "batch_probe",
+                "batch probe skipped: no model call with a batch axis was captured (a torch module, ONNX Runtime "
+                "session, scikit-learn estimator or encode() called with an array, tensor or a dict/list of them)",
+            )
             return
+        replay, model = chosen["replay"], chosen["model"]
         result: list[BatchProbe] = []
-        t = threading.Thread(target=lambda: result.append(batch_probe(torch, model, x, self.options.batch_probe)), daemon=True, name="servescope-batch-probe")
+        t = threading.Thread(
+            target=lambda: result.append(batch_probe(self.probes.torch, replay, model, self.options.batch_probe)),
+            daemon=True,
+            name="servescope-batch-probe",
+        )
         t.start()
         t.join(self.options.timeout_s)
         if result:
@@ -315,17 +398,21 @@ class _Run:
             v.reason = "no warm request ran: " + (f"the first request failed ({self.cold.error})" if self.cold and self.cold.error else "the time ran out")
         else:
             errors = [w.error for w in self.warm if w.error]
-            v.reason = f"{len(errors)} of {len(self.warm)} warm requests failed; the first: {errors[0]}"
+            if errors:
+                v.reason = f"{len(errors)} of {len(self.warm)} warm requests failed; the first: {errors[0]}"
+            else:
+                v.reason = f"only {len(ok)} warm requests ran; at least {MIN_OK_REQUESTS} are needed"
         statuses = {o.status for o in [self.cold, *self.warm] if o is not None and o.error}
         if statuses & {404, 405}:
             routes = self.target.routes()
             v.routes = [f"{' '.join(m) or 'ANY'} {p}" for p, m in routes]
             posts = [p for p, m in routes if "POST" in m and p != self.options.path]
-            v.hint = (
-                f"the app has no POST route at {self.options.path}: try --path {posts[0]}"
-                if posts
-                else f"the app has no POST route at {self.options.path}; its routes are listed above"
-            )
+            if any(p == self.options.path and "POST" in m for p, m in routes):
+                v.hint = f"POST {self.options.path} exists: the endpoint itself answered {min(statuses & {404, 405})} (see its answer above)"
+            elif posts:
+                v.hint = f"the app has no POST route at {self.options.path}: try --path {posts[0]}"
+            else:
+                v.hint = f"the app has no POST route at {self.options.path}; its routes are listed above"
         elif 422 in statuses or 400 in statuses:
             v.hint = "the app rejected the payload: make --payload a body the endpoint accepts"
         return v
@@ -358,6 +445,7 @@ class _Run:
         ok_warm = [w for w in self.warm if w.error is None]
         conc_ok = [c for c in self.conc if c.error is None]
         seq_rps = 1000 / statistics.mean(w.latency_ms for w in ok_warm) if ok_warm else None
+
         lag = list(self.target.lag_ms)
         torch = self.probes.torch
         concurrent = Concurrent(
@@ -367,7 +455,7 @@ class _Run:
             throughput_rps=round(len(conc_ok) / self.conc_elapsed, 2) if self.conc_elapsed else None,
             sequential_rps=round(seq_rps, 2) if seq_rps else None,
             p50_ms=round(float(np.percentile([c.latency_ms for c in conc_ok], 50)), 3) if conc_ok else None,
-            forwards=_forwards(self.conc) if self.probes_at_fault is None else None,
+            forwards=_forwards(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
             loop_lag_max_ms=round(max(lag), 3) if lag else None,
             loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,
             **self.concurrent_extra,
@@ -385,11 +473,13 @@ class _Run:
                 error=cold.error,
                 loads=cold.evidence.get("loads", 0),
                 constructed=cold.evidence.get("constructed", 0),
+                params_built=cold.evidence.get("params_built", 0),
                 load_calls=[label for label, _ in cold.evidence.get("load_calls", [])],
             ),
             warm=warm,
             concurrent=concurrent,
             batch_probe=self.probe,
+            repeated=self.repeated,
             environment=Environment(
                 cuda_available=bool(torch is not None and torch.cuda.is_available()),
                 torch_threads=torch.get_num_threads() if torch is not None else None,

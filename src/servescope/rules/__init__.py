@@ -25,7 +25,9 @@ RULES: dict[str, Rule] = {
     "cold-start": causes.cold_start,
     "model-not-on-accelerator": causes.model_not_on_accelerator,
     "repeated-transfer": causes.repeated_transfer,
+    "repeated-work": causes.repeated_work,
     "no-batching": causes.no_batching,
+    "padding-waste": causes.padding_waste,
     "training-mode": causes.training_mode,
     "grad-enabled": causes.grad_enabled,
     "slow-stages": causes.slow_stages,
@@ -54,23 +56,40 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
     return out
 
 
+#: Findings whose severity is the share of the request their saving is (the others rank by
+#: what they are: a share of the request's stages, answers that change, a long stall).
+SAVING_RANKED = {
+    "model-load-per-request",
+    "repeated-transfer",
+    "repeated-work",
+    "no-batching",
+    "padding-waste",
+    "grad-enabled",
+    "gil-contention",
+}
+
+
 def cap_savings(findings: list[Finding], p50_ms: float) -> None:
     """Savings that every request would see overlap (the same milliseconds can be claimed by
-    two causes), so together they may not exceed the request's own p50: the largest keep
-    their estimate, later ones are cut to what is left, and say so."""
-    if not p50_ms:
+    two causes), so together they may not exceed the request's own p50: when they would,
+    each is scaled by the same factor and says so, and those ranked by their saving are
+    ranked again on the scaled figure."""
+    from .causes import severity
+
+    per_request = [f for f in findings if f.saving_ms and f.saving_per == "request"]
+    total = sum(f.saving_ms or 0.0 for f in per_request)
+    if not p50_ms or total <= p50_ms:
         return
-    left = p50_ms
-    for f in sorted(findings, key=lambda f: -(f.saving_ms or 0.0)):
-        if f.saving_ms is None or f.saving_per != "request":
-            continue
-        if f.saving_ms > left:
-            f.detail = (f.detail + " " if f.detail else "") + (
-                f"Alone it would save about {f.saving_ms:g} ms; the causes above already account for "
-                f"the rest of the {p50_ms:g} ms request."
-            )
-            f.saving_ms = round(max(left, 0.0), 3)
-        left -= f.saving_ms
+    factor = p50_ms / total
+    for f in per_request:
+        alone = f.saving_ms or 0.0
+        f.saving_ms = round(alone * factor, 3)
+        f.detail = (f.detail + " " if f.detail else "") + (
+            f"Alone it would save about {alone:g} ms; the per-request savings of all the findings add up to "
+            f"{total:.4g} ms, more than the {p50_ms:.4g} ms request (they overlap), so each is scaled by {factor:.2f}."
+        )
+        if f.id in SAVING_RANKED:
+            f.severity = severity(f.saving_ms, p50_ms)
 
 
 def diagnose_report(report: Report) -> list[Finding]:

@@ -18,6 +18,9 @@ COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
 LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
 FAILING_HIGH = 0.1
+REPEATED_SHARE = 0.01
+PADDING_SHARE = 0.5
+MODEL_CALLS = ("torch module hooks", "onnxruntime", "scikit-learn", "sentence-transformers", "transformers.pipeline")
 
 
 def severity(saving_ms: float, p50_ms: float) -> str:
@@ -69,8 +72,8 @@ def model_load_per_request(ev: Evidence) -> list[Finding]:
     warm = ev.need("warm")
     ev.need_probes("torch.load", "load_state_dict", "safetensors", "torch.jit.load", "from_pretrained", "SentenceTransformer", "Module.__init__")
     loads, built = warm.loads_per_request, warm.constructed_per_request
-    if loads < 0.5 and built < 1:
-        return []
+    if loads < 0.5 and not (built >= 1 and warm.params_built_per_request > 0):
+        return []  # (modules without weights, nn.Softmax() per request, are not a model)
     saving = warm.load_ms_per_request + warm.construct_ms_per_request
     what = ", ".join(warm.load_calls) or "nn.Module construction"
     return [
@@ -81,6 +84,7 @@ def model_load_per_request(ev: Evidence) -> list[Finding]:
             {
                 "loads_per_request": loads,
                 "modules_built_per_request": built,
+                "weights_built_per_request": int(warm.params_built_per_request),
                 "load_calls": what,
                 "load_ms_per_request": round(saving, 3),
                 "p50_ms": ev.p50_ms,
@@ -104,7 +108,7 @@ def cold_start(ev: Evidence) -> list[Finding]:
     p50 = ev.p50_ms
     if cold.error or not p50:
         return []
-    lazy = (cold.loads > 0 or cold.constructed > 0) and (warm.loads_per_request < 0.5 and warm.constructed_per_request < 1)
+    lazy = (cold.loads > 0 or cold.params_built > 0) and (warm.loads_per_request < 0.5 and warm.params_built_per_request == 0)
     slow = cold.latency_ms >= COLD_RATIO * p50 and cold.latency_ms - p50 >= COLD_EXTRA_MS
     if not (lazy or slow):
         return []
@@ -250,8 +254,10 @@ def training_mode(ev: Evidence) -> list[Finding]:
     probe = ev.batch_probe
     ratio = (probe.train_ratio if probe else None) or 1.0
     forward = (probe.forward_ms if probe else None) or 0.0
-    saving = max(forward * (1 - 1 / ratio), 0.0) if ratio > 1 else 0.0
     changes = fwd.training_changes_output > 0
+    # only dropout and batch-norm compute differently in training mode: without them the
+    # flag costs nothing, whatever a timing ratio says
+    saving = max(forward * (1 - 1 / ratio), 0.0) if changes and ratio > 1 else 0.0
     sev = "high" if changes else severity(saving, ev.p50_ms)
     return [
         Finding(
@@ -402,7 +408,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     if scaling >= GIL_SCALING * width or on_loop or loop_busy:
         return []  # it scales, or the loop is the bottleneck (event-loop-blocked says so)
     warm = ev.warm
-    if warm is not None and (warm.loads_per_request >= 0.5 or warm.constructed_per_request >= 1):
+    if warm is not None and (warm.loads_per_request >= 0.5 or warm.params_built_per_request > 0):
         return []  # the Python work is the per-request load: model-load-per-request's fix removes it
     if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
         return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
@@ -458,5 +464,60 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
             "More compute threads than CPUs: they spin and contend",
             {"torch_threads": threads, "workers": env.workers, "cpus_available": cpus},
             fix=f"torch.set_num_threads({max(1, int(cpus) // max(1, env.workers))})   # CPUs / workers, at start-up\n# or OMP_NUM_THREADS in the environment",
+        )
+    ]
+
+
+def repeated_work(ev: Evidence) -> list[Finding]:
+    ev.need_probes(*MODEL_CALLS)
+    r = ev.need("repeated")
+    if r.calls_per_request < 1 or r.ms_per_request < REPEATED_SHARE * ev.p50_ms:
+        return []
+    return [
+        Finding(
+            "repeated-work",
+            severity(r.ms_per_request, ev.p50_ms),
+            "The same model call on the same inputs runs on every request",
+            {
+                "calls_per_request": r.calls_per_request,
+                "ms_per_request": r.ms_per_request,
+                "modules": ", ".join(r.modules),
+                "batch_sizes": r.batch_sizes,
+            },
+            fix=(
+                "# its inputs do not depend on the request: compute it once, at start-up\n"
+                "CORPUS_EMBEDDINGS = embed(CORPUS)          # at import, or in the app's lifespan\n\n"
+                "def search(q):\n"
+                "    query = embed([q.text])                # only what the request changes\n"
+                "    scores = CORPUS_EMBEDDINGS @ query.T\n"
+                "# or cache by input: functools.lru_cache on a function of hashable arguments"
+            ),
+            saving_ms=round(r.ms_per_request, 3),
+            detail="Its inputs (shape, dtype and a sample of the values) were the same in every request, "
+            "including one sent with the payload's texts and numbers changed.",
+        )
+    ]
+
+
+def padding_waste(ev: Evidence) -> list[Finding]:
+    ev.need_probes("torch module hooks")
+    fwd = ev.need("warm").forwards
+    if fwd.pad_share is None or fwd.pad_share < PADDING_SHARE or not fwd.mean_ms:
+        return []
+    saving = fwd.mean_ms * fwd.pad_share * max(fwd.per_request, 1.0)
+    return [
+        Finding(
+            "padding-waste",
+            severity(saving, ev.p50_ms),
+            f"{fwd.pad_share * 100:.0f}% of the model's input is padding",
+            {"pad_share": fwd.pad_share, "forward_ms": fwd.mean_ms, "forwards_per_request": fwd.per_request},
+            fix=(
+                "# pad to the longest text in the batch, not to a fixed length\n"
+                "inputs = tokenizer(texts, padding=True, truncation=True, max_length=512, return_tensors='pt')\n"
+                "# (padding='max_length' pads every short text to max_length tokens)"
+            ),
+            saving_ms=round(saving, 3),
+            detail="The attention mask is mostly zeros: the model computes over padding tokens and throws the result away. "
+            "The saving assumes the cost is linear in the length (attention grows faster).",
         )
     ]

@@ -17,9 +17,11 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
+import orjson
+
 from ...timing import Trace
 from ..probes import new_evidence, set_evidence
-from .base import UNFINISHED, Observation
+from .base import Observation
 
 __all__ = ["FunctionTarget", "describe_failure", "lag_monitor"]
 
@@ -27,9 +29,16 @@ __all__ = ["FunctionTarget", "describe_failure", "lag_monitor"]
 def describe_failure(exc: BaseException) -> str:
     """The endpoint's exception as report text. ``SystemExit`` and ``KeyboardInterrupt``
     raised by a handler are its failures too, not a reason for the doctor to stop."""
+    if isinstance(exc, _HandlerExit):
+        return str(exc)
     if isinstance(exc, SystemExit):
         return f"SystemExit: the handler called sys.exit({exc.code!r})"
     return f"{type(exc).__name__}: {exc}"
+
+
+class _HandlerExit(Exception):
+    """``SystemExit``/``KeyboardInterrupt`` from an ``async def`` handler, carried as a plain
+    exception: raised as they are, they would stop the event loop every handler runs on."""
 
 
 class _DaemonPool:
@@ -121,6 +130,7 @@ class FunctionTarget:
         self._pool.shutdown()
 
     def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
+        payload = orjson.loads(body)  # each call its own copy, as a server parses each body
         ev = new_evidence()
         tr = Trace()
         t0 = time.perf_counter_ns()
@@ -130,7 +140,10 @@ class FunctionTarget:
             async def run() -> Any:
                 set_evidence(ev)
                 with tr:
-                    return await self.fn(payload)
+                    try:
+                        return await self.fn(payload)
+                    except (SystemExit, KeyboardInterrupt) as exc:
+                        raise _HandlerExit(describe_failure(exc)) from None
 
             fut: Any = asyncio.run_coroutine_threadsafe(run(), self._loop)
         else:
@@ -163,23 +176,21 @@ class FunctionTarget:
 
         def caller() -> None:
             while True:
-                left = deadline - time.perf_counter()
                 with lock:
-                    if budget[0] <= 0 or left <= 0:
-                        return
+                    if budget[0] <= 0 or time.perf_counter() > deadline:
+                        return  # new requests start until the budget is spent ...
                     budget[0] -= 1
-                wait = min(timeout_s, left)
-                o = self.request(payload, body, wait)
-                if o.error and o.error.startswith("timeout") and wait < timeout_s:
-                    o.error = UNFINISHED  # cut off by the phase's budget, not the endpoint's fault
+                o = self.request(payload, body, timeout_s)  # ... each with the whole timeout
                 with lock:
                     obs.append(o)
+                if o.error and o.error.startswith("timeout"):
+                    return  # this caller's handler thread is stuck
 
         threads = [threading.Thread(target=caller, daemon=True, name="servescope-caller") for _ in range(concurrency)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(max(deadline - time.perf_counter(), 0) + 1)
+            t.join(max(deadline - time.perf_counter(), 0) + timeout_s + 1)
         with lock:
             return list(obs), time.perf_counter() - t0
 

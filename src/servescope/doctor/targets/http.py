@@ -23,7 +23,11 @@ from ..probes import current_evidence, new_evidence, set_evidence, reset_evidenc
 from .base import UNFINISHED, Observation
 from .function import lag_monitor
 
-__all__ = ["ASGITarget", "WSGITarget", "free_port"]
+__all__ = ["ASGITarget", "REQUEST_ID_HEADER", "WSGITarget", "free_port"]
+
+#: The header each sequential request carries, so its server-side trace is found by id.
+REQUEST_ID_HEADER = "X-Servescope-Doctor-Request"
+_REQUEST_ID_BYTES = REQUEST_ID_HEADER.lower().encode()
 
 
 class _Collector:
@@ -31,11 +35,19 @@ class _Collector:
 
     def __init__(self) -> None:
         self.items: list[tuple[Trace, dict[str, Any] | None]] = []
+        self.by_id: dict[str, tuple[Trace, dict[str, Any]]] = {}
         self.lock = threading.Lock()
 
     def export(self, trace: Trace, info: Any) -> None:
+        ev = current_evidence()
         with self.lock:
-            self.items.append((trace, current_evidence()))
+            self.items.append((trace, ev))
+            if ev is not None and ev.get("request_id"):
+                self.by_id[ev["request_id"]] = (trace, ev)
+
+    def find(self, rid: str) -> tuple[Trace, dict[str, Any]] | None:
+        with self.lock:
+            return self.by_id.pop(rid, None)
 
 
 class _HTTPTarget:
@@ -50,6 +62,7 @@ class _HTTPTarget:
         self.host = "127.0.0.1"
         self.port = 0
         self.lag_ms: list[float] = []
+        self._next_id = 0
 
     @property
     def url(self) -> str:
@@ -60,13 +73,17 @@ class _HTTPTarget:
         return None
 
     def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
-        before = len(self.collector.items)
+        """One POST; its server-side trace is found by the id it carries in a header (a
+        request abandoned earlier may finish later: its trace must not be taken for this one)."""
+        self._next_id += 1
+        rid = str(self._next_id)
         t0 = time.perf_counter_ns()
         status, err = None, None
         deadline = time.monotonic() + timeout_s
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
         try:
-            conn.request("POST", self.path, body=body, headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: rid}
+            conn.request("POST", self.path, body=body, headers=headers)
             conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
             resp = conn.getresponse()
             data = resp.read()
@@ -81,12 +98,11 @@ class _HTTPTarget:
             conn.close()
         latency = (time.perf_counter_ns() - t0) / 1e6
         wait_until = time.monotonic() + 1.0  # the server records just after the last byte
-        while len(self.collector.items) == before and time.monotonic() < wait_until and err is None:
+        found = self.collector.find(rid)
+        while found is None and time.monotonic() < wait_until and err is None:
             time.sleep(0.0005)
-        tr, ev = (None, None)
-        with self.collector.lock:
-            if len(self.collector.items) > before:
-                tr, ev = self.collector.items[-1]
+            found = self.collector.find(rid)
+        tr, ev = found or (None, None)
         return Observation(latency, status, err, tr, ev or {})
 
     def concurrent(
@@ -97,15 +113,17 @@ class _HTTPTarget:
         target = Target.parse(self.url)
         raw = build_requests(target, method="POST", bodies=[body], content_type="application/json")
         before = len(self.collector.items)
-        gen = LoadGenerator(target, raw, timeout_s=min(timeout_s, max_seconds))
+        gen = LoadGenerator(target, raw, timeout_s=timeout_s)
         t0 = time.perf_counter()
 
         async def run() -> list[Any]:
-            task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests, drain_s=0.5))
+            # new requests until the budget is spent (stop), each with the whole timeout to
+            # answer (the drain), then what is still in flight counts as unfinished
+            task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests, drain_s=timeout_s + 0.5))
             done, _ = await asyncio.wait({task}, timeout=max_seconds)
             if not done:
                 gen.stop()
-            done, _ = await asyncio.wait({task}, timeout=2.0)
+                done, _ = await asyncio.wait({task}, timeout=timeout_s + 2.0)
             return task.result() if done else []
 
         results = asyncio.run(run())
@@ -137,7 +155,11 @@ class _EvidenceASGI:
         if scope["type"] == "http":
             if self._monitor is None:
                 self._monitor = asyncio.ensure_future(lag_monitor(self.lag_ms))
-            token = set_evidence(new_evidence())
+            ev = new_evidence()
+            for name, value in scope.get("headers") or ():
+                if name == _REQUEST_ID_BYTES:
+                    ev["request_id"] = value.decode("latin-1")
+            token = set_evidence(ev)
             try:
                 await self.app(scope, receive, send)
             finally:
@@ -224,7 +246,11 @@ class WSGITarget(_HTTPTarget):
         inner = ServescopeWSGIMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
 
         def with_evidence(environ: dict[str, Any], start_response: Any) -> Any:
-            set_evidence(new_evidence())  # each request has its own server thread
+            ev = new_evidence()  # each request has its own server thread
+            rid = environ.get("HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_"))
+            if rid:
+                ev["request_id"] = rid
+            set_evidence(ev)
             return inner(environ, start_response)
 
         self.app = with_evidence

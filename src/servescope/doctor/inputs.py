@@ -1,0 +1,167 @@
+"""Model inputs in every shape users pass them: positional tensors, keyword tensors
+(``model(**inputs)``), tokenizer output (a ``BatchEncoding``, a dict), lists and tuples of
+tensors, numpy arrays (ONNX Runtime's ``input_feed``), pandas DataFrames (scikit-learn).
+
+What the probes read from them (batch size, device, padding, a cheap fingerprint) and how the
+batch probe replays them at another batch size (the first row, replicated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
+
+__all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "replicate", "vary"]
+
+_SAMPLE = 64  # values hashed per array: enough to tell inputs apart, cheap on big ones
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "shape") and hasattr(x, "device")
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and (_is_tensor(x) or type(x).__module__.startswith("numpy"))
+
+
+def _is_frame(x: Any) -> bool:
+    return type(x).__module__.startswith("pandas") and hasattr(x, "iloc")
+
+
+def leaves(obj: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """(key, array) for every tensor/array in args, kwargs, dicts, lists and tuples."""
+    if depth > 4:
+        return
+    if _is_array(obj) or _is_frame(obj):
+        yield "", obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            for kk, leaf in leaves(v, depth + 1):
+                yield (str(k) if not kk else kk), leaf
+    elif isinstance(obj, (list, tuple)) and obj and len(obj) <= 64:
+        for v in obj:
+            yield from leaves(v, depth + 1)
+
+
+def first_array(obj: Any) -> Any:
+    """The first tensor/array with a batch axis (``ndim > 0``), or None."""
+    for _, leaf in leaves(obj):
+        if getattr(leaf, "ndim", len(getattr(leaf, "shape", ()))) > 0:
+            return leaf
+    return None
+
+
+def pad_share(obj: Any) -> float | None:
+    """The share of padding in an ``attention_mask`` among the inputs (0 = none), or None
+    when there is no mask. Only read on the CPU (reading a device tensor would sync)."""
+    for key, leaf in leaves(obj):
+        if key == "attention_mask" and hasattr(leaf, "sum") and getattr(getattr(leaf, "device", None), "type", "cpu") == "cpu":
+            n = int(leaf.numel()) if hasattr(leaf, "numel") else int(leaf.size)
+            if n:
+                return round(1.0 - float(leaf.sum()) / n, 4)
+    return None
+
+
+def _sample_bytes(leaf: Any) -> bytes:
+    if _is_frame(leaf):
+        return repr((leaf.shape, list(leaf.columns)[:16], leaf.head(2).to_numpy().tolist())).encode()
+    if _is_tensor(leaf):
+        if leaf.device.type != "cpu":
+            return b"device"  # reading it would sync: shape and dtype only
+        flat = leaf.detach().reshape(-1)
+        sample = flat[:: max(1, flat.shape[0] // _SAMPLE)][:_SAMPLE]
+        if not sample.dtype.is_complex and sample.dtype.itemsize == 2 and sample.dtype.is_floating_point:
+            sample = sample.float()  # numpy has no bfloat16
+        return sample.numpy().tobytes()
+    flat = leaf.reshape(-1)
+    step = max(1, flat.shape[0] // _SAMPLE)
+    return flat[::step][:_SAMPLE].tobytes()
+
+
+def fingerprint(obj: Any) -> str | None:
+    """Shape, dtype and a hash of a sample of the values of every array among the inputs: the
+    same string for the same input, request after request (``repeated-work``)."""
+    h = hashlib.blake2b(digest_size=8)
+    seen = False
+    for key, leaf in leaves(obj):
+        try:
+            h.update(repr((key, tuple(leaf.shape), str(getattr(leaf, "dtype", "")))).encode())
+            h.update(_sample_bytes(leaf))
+        except Exception:  # an exotic array type: its shape alone
+            continue
+        seen = True
+    return h.hexdigest() if seen else None
+
+
+def replicate(obj: Any, b: int, depth: int = 0) -> Any:
+    """``obj`` with every array's first row repeated ``b`` times along the batch axis; the
+    structure (dict, BatchEncoding, list, tuple) and everything else kept as is."""
+    if depth > 4:
+        return obj
+    if _is_frame(obj):
+        return obj.iloc[[0] * b]
+    if _is_tensor(obj):
+        if obj.dim() == 0:
+            return obj
+        return obj[:1].expand(b, *obj.shape[1:]).contiguous()
+    if _is_array(obj):
+        if obj.ndim == 0:
+            return obj
+        import numpy as np
+
+        return np.repeat(obj[:1], b, axis=0)
+    if isinstance(obj, Mapping):
+        out = {k: replicate(v, b, depth + 1) for k, v in obj.items()}
+        try:
+            return type(obj)(out)  # BatchEncoding and other dict types keep their type
+        except Exception:
+            return out
+    if isinstance(obj, tuple):
+        return tuple(replicate(v, b, depth + 1) for v in obj)
+    if isinstance(obj, list) and obj and not any(_is_array(v) or isinstance(v, (Mapping, list, tuple)) for v in obj):
+        return [obj[0]] * b  # a list of rows (texts, feature lists): one row replicated
+    if isinstance(obj, list):
+        return [replicate(v, b, depth + 1) for v in obj]
+    return obj
+
+
+def detached(obj: Any, depth: int = 0) -> Any:
+    """A copy the batch probe can replay later: tensors detached and cloned (the endpoint may
+    change its own in place), arrays copied, the structure kept."""
+    if depth > 4:
+        return obj
+    if _is_tensor(obj):
+        return obj.detach().clone()
+    if _is_array(obj) or _is_frame(obj):
+        return obj.copy()
+    if isinstance(obj, Mapping):
+        out = {k: detached(v, depth + 1) for k, v in obj.items()}
+        try:
+            return type(obj)(out)
+        except Exception:
+            return out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(detached(v, depth + 1) for v in obj)
+    return obj
+
+
+#: A replay of one captured model call at batch size b: () -> output
+Replay = Callable[[int], Callable[[], Any]]
+
+
+def vary(payload: Any, depth: int = 0) -> Any:
+    """The payload with every string lengthened a little and every decimal number nudged:
+    another request of the same shape. Whole numbers and booleans stay (they are often ids,
+    counts and switches whose other values the endpoint may refuse)."""
+    if depth > 8:
+        return payload
+    if isinstance(payload, str):
+        return payload + " and more"
+    if isinstance(payload, float):
+        return payload * 1.01 + 0.01
+    if isinstance(payload, dict):
+        return {k: vary(v, depth + 1) for k, v in payload.items()}
+    if isinstance(payload, list):
+        return [vary(v, depth + 1) for v in payload]
+    return payload
