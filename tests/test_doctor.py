@@ -26,9 +26,10 @@ def test_a_handler_that_hangs_times_out_and_the_doctor_goes_on():
     def predict(payload):
         time.sleep(5)
 
-    opts = DoctorOptions(requests=1, concurrency=1, concurrent_requests=1, timeout_s=0.2)
+    opts = DoctorOptions(requests=3, concurrency=1, concurrent_requests=1, timeout_s=0.2)
     rep = diagnose(predict, payload={}, options=opts)
     assert any(e.startswith("timeout") for e in rep.extra["endpoint_errors"])
+    assert rep.extra["verdict"]["diagnosed"] is False and rep.findings == []
 
 
 def test_async_handlers_run_on_an_event_loop():
@@ -188,3 +189,96 @@ def test_training_mode_that_costs_nothing_is_listed_at_info():
         [f] = [f for f in rep.findings if f.id == "training-mode"]
         assert f.evidence["changes_output"] is False and f.severity in ("info", "low")
     assert {f.id for f in diagnose_report(rep)} == {f.id for f in rep.findings}
+
+
+def test_an_endpoint_that_fails_now_and_then_keeps_its_probed_evidence():
+    calls = [0]
+
+    def predict(payload):
+        calls[0] += 1
+        if calls[0] % 5 == 0:
+            raise ValueError("flaky")
+        return {"ok": True}
+
+    rep = diagnose(predict, payload={}, options=DoctorOptions(requests=15, concurrency=2, concurrent_requests=8, timeout_s=2.0))
+    assert rep.extra["evidence"]["probes_at_fault"] is None
+    assert set(rep.extra["not_checked"]) == {"repeated-work"}  # an empty payload cannot be varied
+    assert "failing-requests" in {f.id for f in rep.findings}
+
+
+def test_an_async_handler_raising_keyboardinterrupt_does_not_stop_the_loop():
+    async def predict(payload):
+        raise KeyboardInterrupt
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert rep.extra["verdict"]["failures"] == {"KeyboardInterrupt": 6}  # each request, not a timeout
+
+
+def test_a_hang_only_under_concurrency_is_a_failure_not_dropped():
+    import threading
+
+    lock, in_flight = threading.Lock(), [0]
+
+    def predict(payload):
+        with lock:
+            in_flight[0] += 1
+            alone = in_flight[0] == 1
+        try:
+            if not alone:  # two at once: this one waits for ever (a deadlock)
+                threading.Event().wait()
+            time.sleep(0.02)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+        return {"ok": True}
+
+    rep = diagnose(predict, payload={}, options=DoctorOptions(requests=5, concurrency=2, concurrent_requests=6, timeout_s=0.5))
+    [f] = [f for f in rep.findings if f.id == "failing-requests"]
+    assert f.evidence["concurrent_failed"] >= 1 and f.evidence["warm_failed"] == 0
+    assert "timeout" in rep.extra["verdict"]["failures"]
+
+
+def test_a_slow_endpoint_is_measured_not_cut_off_by_the_phase_budget():
+    def predict(payload):
+        time.sleep(0.3)
+        return {"ok": True}
+
+    rep = diagnose(predict, payload={}, options=DoctorOptions(requests=5, concurrency=2, concurrent_requests=4, timeout_s=5.0, max_seconds=0.5))
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors and rep.latency["count"] >= 3
+
+
+def test_each_call_gets_its_own_payload():
+    def predict(payload):
+        return {"n": len(payload.pop("text"))}  # changes its argument in place
+
+    rep = diagnose(predict, payload={"text": "hello"}, options=FAST)
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors
+
+
+def test_keyword_model_calls_are_seen_and_replayed_without_the_probes():
+    from servescope.doctor.probes import Probes  # noqa: F401  (the hooks it installs are counted below)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 16)
+            self.hooks_seen = []
+
+        def forward(self, input_ids=None, attention_mask=None):
+            self.hooks_seen.append((input_ids.shape[0], len(torch.nn.modules.module._global_forward_hooks)))
+            return (self.emb(input_ids) * attention_mask.unsqueeze(-1)).sum(1)
+
+    model = Encoder().eval()
+
+    def predict(payload):
+        inputs = {"input_ids": torch.tensor([[1, 2, 3, 0, 0, 0, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 0, 0, 0, 0, 0]])}
+        with torch.inference_mode():
+            return {"v": model(**inputs)[0].tolist()}
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    ev = rep.extra["evidence"]
+    assert ev["warm"]["forwards"]["batch_sizes"] == [1] and ev["warm"]["forwards"]["pad_share"] == 0.625
+    assert ev["batch_probe"]["per_item_ms"].keys() == {"1", "2", "4", "8", "16"}
+    replayed = [hooks for batch, hooks in model.hooks_seen if batch == 16]
+    assert replayed and set(replayed) == {0}  # the batch probe ran with the probes removed
+    assert "padding-waste" in {f.id for f in rep.findings}
