@@ -202,7 +202,8 @@ def test_an_endpoint_that_fails_now_and_then_keeps_its_probed_evidence():
 
     rep = diagnose(predict, payload={}, options=DoctorOptions(requests=15, concurrency=2, concurrent_requests=8, timeout_s=2.0))
     assert rep.extra["evidence"]["probes_at_fault"] is None
-    assert set(rep.extra["not_checked"]) == {"repeated-work"}  # an empty payload cannot be varied
+    # an empty payload cannot be varied; a phase of a few milliseconds has no GIL samples
+    assert "repeated-work" in rep.extra["not_checked"] and set(rep.extra["not_checked"]) <= {"repeated-work", "gil-contention"}
     assert "failing-requests" in {f.id for f in rep.findings}
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "Stage",
     "Trace",
     "WallClock",
+    "carried",
     "current_stage_name",
     "current_trace",
     "stage",
@@ -123,6 +124,26 @@ def current_stage_name() -> str | None:
     if span is None:
         return None
     return span[_NAME] or ""
+
+
+def carried(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, to be run on another thread inside the trace (and stage) open here, so its
+    stages land in this request. ``asyncio.to_thread`` copies the whole context for you;
+    this carries only servescope's own, for hand-offs that copy nothing (an executor's
+    ``submit``, ``loop.run_in_executor``)."""
+    span = _current.get()
+    if span is None:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = _current.set(span)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _current.reset(token)
+
+    return run
 
 
 def _bad_name(name: object) -> StageError:

@@ -43,7 +43,9 @@ def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str,
         covered = sum(max(0.0, min(s[2], hi) - max(s[1], lo)) for s in spans)
         return max(0.0, (hi - lo) - covered)
 
-    pre, post = gap(begin, first), gap(last, end)
+    # between model calls (a decode loop's sampling, a second model's input) is the first
+    # call's postprocessing as much as the next one's preparation: postprocess
+    pre, post = gap(begin, first), gap(last, end) + gap(first, last)
     pre = min(pre, durations[OTHER])
     post = min(post, durations[OTHER] - pre)
     if pre > 0:
@@ -91,4 +93,8 @@ def stage_windows(trace: Any, evidence: dict[str, Any] | None = None) -> dict[st
         begin, first, last, end = bounds
         out["preprocess"].append((base + int(begin * 1e6), base + int(first * 1e6)))
         out["postprocess"].append((base + int(last * 1e6), base + int(end * 1e6)))
+        model = sorted((lo, hi) for name, lo, hi, _ in spans if name in _MODEL_STAGES)
+        for (_, prev_end), (next_start, _) in zip(model, model[1:]):
+            if next_start > prev_end:  # between two model calls
+                out["postprocess"].append((base + int(prev_end * 1e6), base + int(next_start * 1e6)))
     return out

@@ -155,6 +155,8 @@ class Environment:
     torch_threads: int | None = None
     cpus_available: float | None = None
     workers: int = 1
+    blas_threads: int | None = None  # the largest BLAS/OpenMP pool numpy and friends use (threadpoolctl)
+    ort_threads: int | None = None  # the largest ONNX Runtime intra-op pool (0 in its options: one per core)
 
 
 @dataclass
@@ -170,6 +172,8 @@ class Evidence:
     environment: Environment | None = None
     repeated: Repeated | None = None
     hot_spots: dict[str, str] = field(default_factory=dict)
+    #: stage -> whether its hot spot's top frame is the user's own code
+    hot_spots_in_user_code: dict[str, bool] = field(default_factory=dict)
     seconds: float = 0.0
     #: section name -> why it is absent (said by the run that left it out)
     missing: dict[str, str] = field(default_factory=dict)

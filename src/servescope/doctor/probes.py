@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Callable
 
-from ..timing import current_stage_name, stage
+from ..timing import carried, current_stage_name, stage
 from .inputs import detached, fingerprint, first_array, pad_share, replicate
 
 __all__ = ["Probes", "current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
@@ -113,6 +113,8 @@ class Probes:
         self._switches: dict[str, _Switch] = {}
         #: model calls seen outside any request's context (a batcher's thread, an executor)
         self.background_forwards: list[dict[str, Any]] = []
+        #: intra-op threads of each ONNX Runtime session created while probed
+        self.ort_threads: list[int] = []
         self._lock = threading.Lock()
 
     #: distinct model calls kept for the batch probe (the first few, by input fingerprint)
@@ -353,7 +355,7 @@ class Probes:
         endpoint's module has been imported by now)."""
         ort = sys.modules.get("onnxruntime")
         if ort is not None and hasattr(ort, "InferenceSession"):
-            self._patch(ort.InferenceSession, "__init__", self._loader(ort.InferenceSession.__init__, "onnxruntime.InferenceSession()"))
+            self._patch(ort.InferenceSession, "__init__", self._loader(self._ort_threads(ort.InferenceSession.__init__), "onnxruntime.InferenceSession()"))
             self._patch(ort.InferenceSession, "run", self._model_call(ort.InferenceSession.run, "onnxruntime", _ort_inputs, _ort_replay))
         sk = sys.modules.get("sklearn.base")
         if sk is not None and hasattr(sk, "BaseEstimator"):
@@ -383,10 +385,57 @@ class Probes:
             pipe = getattr(tr, "Pipeline", None)
             if pipe is not None and "__call__" in pipe.__dict__:
                 self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
+        self._carry_into_executors()
         for module, name, label in (("joblib", "load", "joblib.load"), ("pickle", "load", "pickle.load")):
             mod = sys.modules.get(module)
             if mod is not None and hasattr(mod, name):
                 self._patch_module_func(mod, name, label)
+
+    def _ort_threads(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """Note each ONNX Runtime session's intra-op threads (0: one per core, its default)."""
+        probes = self
+
+        @functools.wraps(original)
+        def init(self_: Any, *args: Any, **kwargs: Any) -> None:
+            original(self_, *args, **kwargs)
+            try:
+                probes.ort_threads.append(int(self_.get_session_options().intra_op_num_threads))
+            except Exception:
+                pass
+
+        return init
+
+    def _carry_into_executors(self) -> None:
+        """Work handed to a thread pool from inside a request (``loop.run_in_executor``, a
+        batcher's ``executor.submit``) copies no context: carry the request's trace and
+        evidence along, so its model calls are seen and credited to that request. Only
+        servescope's own context goes; the user's functions run as they would."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        original = ThreadPoolExecutor.submit
+        sw = self.switch("executor hand-off")
+
+        @functools.wraps(original)
+        def submit(self_: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            if sw.on:
+                try:
+                    ev = _evidence.get()
+                    if ev is not None:
+                        inner = carried(fn)
+
+                        def with_evidence(*a: Any, **k: Any) -> Any:
+                            token = _evidence.set(ev)
+                            try:
+                                return inner(*a, **k)
+                            finally:
+                                _evidence.reset(token)
+
+                        return original(self_, with_evidence, *args, **kwargs)
+                except Exception as exc:
+                    sw.fail(exc)
+            return original(self_, fn, *args, **kwargs)
+
+        self._patch(ThreadPoolExecutor, "submit", submit)
 
     def _model_call(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
 import threading
 import time
@@ -76,6 +77,8 @@ class Verdict:
         return asdict(self)
 
 
+#: A share of the request outside every stage above which the report says it cannot tell.
+UNATTRIBUTED_SHARE = 0.3
 #: At least this many warm requests, and this share of them, must succeed to diagnose.
 MIN_OK_REQUESTS, MIN_OK_SHARE = 3, 0.5
 #: The probes are blamed only when this share of probed requests failed and every one of
@@ -124,6 +127,19 @@ def _repeated(ok: list[Observation], varied: Observation) -> tuple[Repeated, fro
         ),
         constant,
     )
+
+
+def _blas_threads() -> int | None:
+    """The largest BLAS/OpenMP thread pool loaded in the process, when threadpoolctl (which
+    scikit-learn brings) is there to ask; None otherwise."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    try:
+        return max((int(p.get("num_threads") or 0) for p in threadpool_info()), default=None) or None
+    except Exception:  # a library threadpoolctl cannot read
+        return None
 
 
 def _construct_ms(ev: dict[str, Any]) -> float:
@@ -348,6 +364,8 @@ class _Run:
         loop_tid = self.target.loop_thread_id
         exclude = {threading.main_thread().ident or 0, loop_tid or 0}
         exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler", "servescope-ticker"))}
+        if self.sampler.gil_wait_p50_ms(t0, t1) is None:
+            self.missing["concurrent.cpu"] = f"the concurrent phase ({(t1 - t0) / 1e6:.0f} ms) was too short for the sampler to measure GIL waits"
         self.concurrent_extra = {
             "loop": self.sampler.loop_activity(loop_tid, t0, t1) if loop_tid else None,
             "cpu_cores_busy": round((cpu1 - cpu0) / ((t1 - t0) / 1e9), 2) if t1 > t0 else None,
@@ -466,6 +484,7 @@ class _Run:
                 for k, v in stage_windows(w.trace, w.evidence).items():
                     windows.setdefault(k, []).extend(v)
         cold = self.cold or Observation(0.0)
+        hot = self.sampler.hot_spots(windows)
         evidence = Evidence(
             target_kind=self.target.kind,
             cold=Cold(
@@ -485,14 +504,20 @@ class _Run:
                 torch_threads=torch.get_num_threads() if torch is not None else None,
                 cpus_available=available_cpus(),
                 workers=1,
+                blas_threads=_blas_threads(),
+                ort_threads=max((n or (os.cpu_count() or 1) for n in self.probes.ort_threads), default=None),
             ),
-            hot_spots=self.sampler.hot_spots(windows),
+            hot_spots=hot,
+            hot_spots_in_user_code={k: self.sampler.is_user_code(v) for k, v in hot.items()},
             seconds=round(time.perf_counter() - self.started, 2),
             missing=self.missing,
             probes_disabled=dict(self.probes.disabled),
             probes_at_fault=self.probes_at_fault,
         )
         report.extra["evidence"] = evidence.to_dict()
+        other = (report.stages.get("other") or {}).get("share") or 0.0
+        if other >= UNATTRIBUTED_SHARE:
+            report.extra["unattributed"] = {"share": round(other, 3)}
         from ..rules import diagnose_report
 
         report.findings = diagnose_report(report)

@@ -36,6 +36,9 @@ class StackSampler:
         self.samples: list[tuple[int, int, str | None]] = []
         #: (time ns, how late the sampler woke, ms)
         self.lateness: list[tuple[int, float]] = []
+        self._names: dict[str, str] = {}
+        #: short names of the files sampled that are the user's own (not under site-packages or the stdlib)
+        self.user_files: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="servescope-sampler")
 
@@ -67,10 +70,30 @@ class StackSampler:
         while f is not None:
             name = f.f_code.co_filename
             if not any(part in name for part in self._SKIP):
-                short = os.sep.join(name.split(os.sep)[-2:])
-                return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+                return f"{self._short(name)}:{f.f_lineno} {f.f_code.co_name}"
             f = f.f_back
         return None
+
+    _LIB_DIRS = tuple(
+        sorted({os.path.join(p, "") for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
+               | {os.path.join(os.path.dirname(os.__file__), "")}, key=len, reverse=True)
+    )  # fmt: skip
+
+    def _short(self, name: str) -> str:
+        """A library's file from its package down (``torch/nn/modules/linear.py``, so the
+        package is named); the user's own file by its folder and name."""
+        short = self._names.get(name)
+        if short is None:
+            lib = next((d for d in self._LIB_DIRS if name.startswith(d)), None)
+            short = name[len(lib):] if lib else os.sep.join(name.split(os.sep)[-2:])
+            self._names[name] = short
+            if lib is None and not name.startswith("<"):
+                self.user_files.add(short)
+        return short
+
+    def is_user_code(self, hot_spot: str) -> bool:
+        """Whether the top frame of a hot spot is in the user's own files (not a library's)."""
+        return hot_spot.split(":", 1)[0] in self.user_files
 
     @staticmethod
     def _top(counts: dict[str, int], n: int, top: int) -> str:

@@ -73,6 +73,16 @@ def doctor_sections(report: Report) -> list[Any]:
             out.append(Padding(Text(f.detail), (0, 0, 0, 4)))
         if f.fix:
             out.append(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default"), (0, 0, 1, 4)))
+    unattributed = report.extra.get("unattributed") or {}
+    if unattributed.get("share"):
+        out.append(
+            Text(
+                f"{unattributed['share'] * 100:.0f}% of each request is outside every stage the probes know (the framework, "
+                "or code that calls no model, loader or serializer they see): the breakdown cannot say what it is. "
+                "servescope.stage() around your own steps names it.",
+                style="yellow",
+            )
+        )
     disabled = report.extra.get("probes_disabled") or {}
     for name, why in disabled.items():
         out.append(Text(f"Probe switched off mid-run: {name} ({why}); the endpoint's calls went on unprobed.", style="yellow"))

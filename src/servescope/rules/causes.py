@@ -220,7 +220,8 @@ def no_batching(ev: Evidence) -> list[Finding]:
     one = probe.per_item_ms.get("1")
     if not probe.gain or probe.gain < NO_BATCHING_GAIN or one is None:
         return []
-    saving = one * (1 - 1 / probe.gain)
+    # per forward, times the forwards each request runs (a decode loop runs many)
+    saving = one * (1 - 1 / probe.gain) * max(fwd.per_request, 1.0)
     if saving < NO_BATCHING_FLOOR_MS:
         return []  # a fraction of a millisecond per item: batching is not this endpoint's problem
     return [
@@ -232,6 +233,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
                 "concurrency": conc.concurrency,
                 "forward_batch_sizes": fwd.batch_sizes,
                 "per_item_ms_at_batch_1": one,
+                "forwards_per_request": fwd.per_request,
                 "best_batch": probe.best_batch,
                 "per_item_gain": probe.gain,
             },
@@ -312,6 +314,34 @@ _STAGE_ID = {"preprocess": "slow-preprocess", "postprocess": "slow-postprocess",
 _STAGE_WORDS = {"preprocess": "Preprocessing", "postprocess": "Postprocessing", "serialize": "Serialization"}
 
 
+def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool) -> str:
+    """The fix that fits what the stage's hot spot is, naming the user's line where it is theirs."""
+    where = hot.split(";")[0].strip().split(" (")[0]
+    if "pandas" in hot:
+        return (
+            f"# the hot spot is pandas ({where}): a DataFrame built per request costs far more than the model\n"
+            "x = np.asarray([[row['a'], row['b'], row['c']] for row in rows], dtype=np.float32)\n"
+            "y = model.predict(x)   # estimators take arrays; keep column order fixed at start-up"
+        )
+    if "PIL" in hot or "Image" in hot:
+        return (
+            f"# the hot spot is image handling ({where}): decode and resize once, then vectorise\n"
+            "img = Image.open(io.BytesIO(data)).convert('RGB').resize((224, 224))\n"
+            "x = (np.asarray(img, dtype=np.float32) / 255 - MEAN) / STD   # broadcasting, no per-pixel loops"
+        )
+    if any(k in hot for k in ("tolist", "jsonable_encoder", "json", "encoders.py", "render")):
+        return _STAGE_FIX["serialize"] if stage_name == "serialize" else _STAGE_FIX["postprocess"]
+    if user_code:
+        return (
+            f"# the hot spot is your own Python code ({where}): loops over numbers one at a time\n"
+            "# vectorise with numpy: one call over the whole array instead of a Python loop\n"
+            "scores = corpus_embeddings @ query            # a matmul, not zip/sum per row\n"
+            "top = np.argpartition(-scores, k)[:k]         # top-k without sorting everything\n"
+            "top = top[np.argsort(-scores[top])]"
+        )
+    return _STAGE_FIX[stage_name]
+
+
 def slow_stages(ev: Evidence) -> list[Finding]:
     out = []
     for name, fid in _STAGE_ID.items():
@@ -330,7 +360,9 @@ def slow_stages(ev: Evidence) -> list[Finding]:
                 "high" if share >= 0.5 else "medium",
                 f"{_STAGE_WORDS[name]} takes {share * 100:.0f}% of each request",
                 evidence,
-                fix=_STAGE_FIX[name],
+                fix=fix_for_hot_spot(name, ev.hot_spots[name], ev.hot_spots_in_user_code.get(name, False))
+                if ev.hot_spots.get(name)
+                else _STAGE_FIX[name],
                 saving_ms=round(mean * 0.8, 3),
             )
         )
@@ -451,19 +483,28 @@ def gil_contention(ev: Evidence) -> list[Finding]:
 
 def thread_oversubscription(ev: Evidence) -> list[Finding]:
     env = ev.need("environment")
-    threads, cpus = env.torch_threads, env.cpus_available
-    if not threads or not cpus:
+    cpus = env.cpus_available
+    pools = {"torch_threads": env.torch_threads, "blas_threads": env.blas_threads, "onnxruntime_threads": env.ort_threads}
+    pools = {k: v for k, v in pools.items() if v}
+    if not pools or not cpus:
         return []
+    worst, threads = max(pools.items(), key=lambda kv: kv[1])
     used = threads * env.workers
     if used <= cpus:
         return []
+    share = max(1, int(cpus) // max(1, env.workers))
+    fixes = {
+        "torch_threads": f"torch.set_num_threads({share})   # CPUs / workers, at start-up",
+        "blas_threads": f"threadpoolctl.threadpool_limits({share})   # numpy/scikit-learn's BLAS and OpenMP pools\n# or OMP_NUM_THREADS={share} OPENBLAS_NUM_THREADS={share} in the environment",
+        "onnxruntime_threads": f"opts = onnxruntime.SessionOptions()\nopts.intra_op_num_threads = {share}\nsession = onnxruntime.InferenceSession(path, opts)",
+    }
     return [
         Finding(
             "thread-oversubscription",
             "high" if used >= 2 * cpus else "medium",
             "More compute threads than CPUs: they spin and contend",
-            {"torch_threads": threads, "workers": env.workers, "cpus_available": cpus},
-            fix=f"torch.set_num_threads({max(1, int(cpus) // max(1, env.workers))})   # CPUs / workers, at start-up\n# or OMP_NUM_THREADS in the environment",
+            {**pools, "workers": env.workers, "cpus_available": cpus},
+            fix=fixes[worst] + ("\n# or OMP_NUM_THREADS in the environment" if worst == "torch_threads" else ""),
         )
     ]
 
