@@ -266,7 +266,7 @@ def test_repeated_work_needs_the_same_inputs_in_every_request_and_a_varied_one()
 
 
 def test_padding_waste_from_the_attention_mask():
-    ev = healthy(warm__forwards=forwards(pad_share=0.9, mean_ms=10.0), p50_ms=12.0)
+    ev = healthy(warm__forwards=forwards(pad_share=0.9, mean_ms=10.0, padding_ms_per_request=9.0), p50_ms=12.0)
     [f] = diagnose_evidence(ev).findings
     assert f.id == "padding-waste" and f.saving_ms == pytest.approx(9.0) and "padding=True" in f.fix
     assert diagnose_evidence(healthy(warm__forwards=forwards(pad_share=0.2, mean_ms=10.0))).findings == []

@@ -55,6 +55,7 @@ class Forwards:
     modules: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # torch, onnxruntime, scikit-learn ...
     pad_share: float | None = None  # mean share of padding in the calls' attention masks
+    padding_ms_per_request: float | None = None  # each masked call's time x its padding share, per request
 
 
 @dataclass

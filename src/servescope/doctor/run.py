@@ -91,9 +91,15 @@ def _kind(error: str) -> str:
 
 
 def _forwards(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
-    forwards = [f for o in obs for f in o.evidence.get("forwards", []) if f.get("fp") not in skip or f.get("fp") is None]
+    def kept(o: Observation) -> list[dict[str, Any]]:
+        return [f for f in o.evidence.get("forwards", []) if f.get("fp") is None or f.get("fp") not in skip]
+
+    forwards = [f for o in obs for f in kept(o)]
     pads = [f["pad_share"] for f in forwards if f.get("pad_share") is not None]
-    per_request = [len(o.evidence.get("forwards", [])) for o in obs if o.error is None]
+    ok = [o for o in obs if o.error is None]
+    per_request = [len(kept(o)) for o in ok]
+    # the time spent on padding, per request: each masked call's time x its share of padding
+    padded = [sum(f.get("ms", 0.0) * f["pad_share"] for f in kept(o) if f.get("pad_share") is not None) for o in ok]
     timed = [f["ms"] for f in forwards if "ms" in f]
     return Forwards(
         count=len(forwards),
@@ -110,6 +116,7 @@ def _forwards(obs: list[Observation], skip: frozenset[str] = frozenset()) -> For
         modules=sorted({f["module"] for f in forwards}),
         kinds=sorted({f.get("kind", "torch") for f in forwards}),
         pad_share=round(statistics.mean(pads), 4) if pads else None,
+        padding_ms_per_request=round(statistics.mean(padded), 3) if pads and padded else None,
     )
 
 

