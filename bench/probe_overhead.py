@@ -2,9 +2,10 @@
 
     python bench/probe_overhead.py
 
-Calls two handlers in a trace (a small MLP endpoint, and one that returns a 200x384 output
-through json.dumps) with and without the probes installed, interleaved, median of repeats;
-prints us per request and the difference.
+Calls handlers in a trace (a small MLP endpoint; one that returns a 200x384 output through
+json.dumps; a keyword-called encoder with an attention mask, as transformers models are
+called; an ONNX Runtime session; a scikit-learn predict) with and without the probes
+installed, interleaved, median of repeats; prints us per request and the difference.
 """
 
 from __future__ import annotations
@@ -37,6 +38,50 @@ def big_handler() -> str:
     return json.dumps({"v": y.tolist()})
 
 
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(1000, 64)
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, input_ids=None, attention_mask=None):
+        return self.lin(self.emb(input_ids) * attention_mask.unsqueeze(-1)).sum(1)
+
+
+ENC = Encoder().eval()
+IDS = {"input_ids": torch.arange(32).unsqueeze(0), "attention_mask": torch.ones(1, 32, dtype=torch.long)}
+
+
+def kwargs_handler() -> str:
+    with torch.inference_mode():
+        y = ENC(**IDS)
+    return json.dumps({"y": y[0].tolist()})
+
+
+def _ort_session():
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((256, 10), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])], [w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _sklearn_model():
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    return LogisticRegression().fit(rng.standard_normal((100, 256)), rng.integers(0, 2, 100))
+
+
 def per_request(fn, n: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(n):
@@ -47,8 +92,27 @@ def per_request(fn, n: int) -> float:
 
 
 def main() -> None:
+    import numpy as np
+
+    session, clf = _ort_session(), _sklearn_model()
+    row = np.asarray([X], dtype=np.float32)
+
+    def ort_handler() -> str:
+        (y,) = session.run(None, {"x": row})
+        return json.dumps({"y": y[0].tolist()})
+
+    def sklearn_handler() -> str:
+        return json.dumps({"p": clf.predict_proba(row)[0].tolist()})
+
     rows = {}
-    for name, fn, n in (("MLP 256-512-10, JSON out", mlp_handler, 500), ("200x384 output through json.dumps", big_handler, 40)):
+    cases = (
+        ("MLP 256-512-10, JSON out", mlp_handler, 500),
+        ("200x384 output through json.dumps", big_handler, 40),
+        ("model(**inputs), attention mask", kwargs_handler, 500),
+        ("ONNX Runtime session.run", ort_handler, 500),
+        ("scikit-learn predict_proba", sklearn_handler, 500),
+    )
+    for name, fn, n in cases:
         plain, probed = [], []
         for _ in range(7):
             plain.append(per_request(fn, n))
