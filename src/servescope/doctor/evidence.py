@@ -135,6 +135,9 @@ class Concurrent:
     cpu_cores_busy: float | None = None  # process CPU time / wall time during the phase
     gil_wait_p50_ms: float | None = None  # how late a thread that only wants the GIL gets it
     worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
+    #: model calls seen outside any request (a batcher's own thread): counted, not credited
+    background_calls: int = 0
+    background_batch_sizes: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -469,7 +469,8 @@ class _Run:
             warm.forwards = Forwards()
         ok_warm = [w for w in self.warm if w.error is None]
         conc_ok = [c for c in self.conc if c.error is None]
-        seq_rps = 1000 / statistics.mean(w.latency_ms for w in ok_warm) if ok_warm else None
+        # from the median: one slow request (a collection, a late warm-up) must not halve it
+        seq_rps = 1000 / statistics.median(w.latency_ms for w in ok_warm) if ok_warm else None
 
         lag = list(self.target.lag_ms)
         torch = self.probes.torch
@@ -483,6 +484,8 @@ class _Run:
             forwards=_forwards(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
             loop_lag_max_ms=round(max(lag), 3) if lag else None,
             loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,
+            background_calls=len(self.probes.background_forwards),
+            background_batch_sizes=sorted({f["batch"] for f in self.probes.background_forwards if f.get("batch")}),
             **self.concurrent_extra,
         )
         windows: dict[str, list[tuple[int, int]]] = {}
