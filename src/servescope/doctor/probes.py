@@ -26,57 +26,20 @@ tracer that must not see the probes' work).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import inspect
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from contextvars import ContextVar
 from typing import Any, Callable
 
-from ..timing import carried, current_stage_name, stage
+from ..timing import current_stage_name, stage
 from .inputs import detached, fingerprint, first_array, pad_share, replicate
+from .context import _evidence, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
+from .stacks import StackProbes
 
 __all__ = ["Probes", "current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
-
-_evidence: ContextVar[dict[str, Any] | None] = ContextVar("servescope_evidence", default=None)
-
-
-def new_evidence() -> dict[str, Any]:
-    return {
-        "loads": 0,
-        "load_calls": [],
-        "constructed": 0,
-        "params_built": 0,
-        "load_windows": [],
-        "first_init_ns": None,
-        "last_init_ns": None,
-        "module_moves": 0,
-        "h2d": 0,
-        "d2h": 0,
-        "copy_bytes": 0,
-        "small_copies": 0,
-        "unpinned_async": 0,
-        "syncs": 0,
-        "forwards": [],
-    }
-
-
-def current_evidence() -> dict[str, Any] | None:
-    return _evidence.get()
-
-
-def set_evidence(ev: dict[str, Any] | None) -> Any:
-    """Make ``ev`` the evidence record of the request running in this context."""
-    return _evidence.set(ev)
-
-
-def reset_evidence(token: Any) -> None:
-    _evidence.reset(token)
-
 
 class _Switch:
     """One probe's on/off state: the first exception in its own code turns it off, and the
@@ -93,11 +56,7 @@ class _Switch:
             self.owner.disabled.setdefault(self.name, f"{type(exc).__name__}: {exc}"[:300])
 
 
-def _loop_running() -> bool:
-    return asyncio._get_running_loop() is not None
-
-
-class Probes:
+class Probes(StackProbes):
     """Install with ``with Probes() as probes:``; read ``probes.captured`` after."""
 
     SMALL_COPY = 4096  # bytes: many copies this small per request are overhead, not data
@@ -348,135 +307,6 @@ class Probes:
             with self._lock:
                 self.background_forwards.append({"batch": record.get("batch"), "module": record.get("module")})
 
-    def _install_stacks(self) -> None:
-        """Model calls and loaders beyond ``nn.Module``: ONNX Runtime, scikit-learn,
-        sentence-transformers' ``encode``, transformers' pipelines, tokenizers and configs,
-        joblib and pickle. Each is patched only where its package is already imported (the
-        endpoint's module has been imported by now)."""
-        ort = sys.modules.get("onnxruntime")
-        if ort is not None and hasattr(ort, "InferenceSession"):
-            self._patch(ort.InferenceSession, "__init__", self._loader(self._ort_threads(ort.InferenceSession.__init__), "onnxruntime.InferenceSession()"))
-            self._patch(ort.InferenceSession, "run", self._model_call(ort.InferenceSession.run, "onnxruntime", _ort_inputs, _ort_replay))
-        sk = sys.modules.get("sklearn.base")
-        if sk is not None and hasattr(sk, "BaseEstimator"):
-            for cls in _subclasses(sk.BaseEstimator):
-                for name in ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform"):
-                    attr = cls.__dict__.get(name)
-                    wrap = self._model_call
-                    if callable(attr):
-                        self._patch(cls, name, wrap(attr, "scikit-learn", _first_arg, _first_arg_replay(name)))
-                    elif callable(getattr(attr, "fn", None)):  # sklearn's available_if descriptor (Pipeline)
-                        self._patch(attr, "fn", wrap(attr.fn, "scikit-learn", _first_arg, _first_arg_replay(name)))
-        st = sys.modules.get("sentence_transformers")
-        if st is not None and hasattr(st, "SentenceTransformer"):
-            cls = st.SentenceTransformer
-            self._patch(cls, "__init__", self._loader(cls.__init__, "SentenceTransformer()"))
-            self._patch(cls, "encode", self._model_call(cls.encode, "sentence-transformers", _first_arg, _first_arg_replay("encode")))
-        tr = sys.modules.get("transformers")
-        if tr is not None:
-            for cls_name, label in (
-                ("PreTrainedModel", "from_pretrained"),
-                ("PreTrainedTokenizerBase", "AutoTokenizer.from_pretrained"),
-                ("PretrainedConfig", "AutoConfig.from_pretrained"),
-                ("ProcessorMixin", "AutoProcessor.from_pretrained"),
-                ("ImageProcessingMixin", "AutoImageProcessor.from_pretrained"),
-                ("FeatureExtractionMixin", "AutoFeatureExtractor.from_pretrained"),
-            ):
-                cls = getattr(tr, cls_name, None)
-                fp = cls.__dict__.get("from_pretrained") if cls is not None else None
-                if isinstance(fp, classmethod):
-                    self._patch(cls, "from_pretrained", classmethod(self._loader(fp.__func__, label)))
-            pipe = getattr(tr, "Pipeline", None)
-            if pipe is not None and "__call__" in pipe.__dict__:
-                self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
-        self._carry_into_executors()
-        for module, name, label in (("joblib", "load", "joblib.load"), ("pickle", "load", "pickle.load")):
-            mod = sys.modules.get(module)
-            if mod is not None and hasattr(mod, name):
-                self._patch_module_func(mod, name, label)
-
-    def _ort_threads(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """Note each ONNX Runtime session's intra-op threads (0: one per core, its default)."""
-        probes = self
-
-        @functools.wraps(original)
-        def init(self_: Any, *args: Any, **kwargs: Any) -> None:
-            original(self_, *args, **kwargs)
-            try:
-                probes.ort_threads.append(int(self_.get_session_options().intra_op_num_threads))
-            except Exception:
-                pass
-
-        return init
-
-    def _carry_into_executors(self) -> None:
-        """Work handed to a thread pool from inside a request (``loop.run_in_executor``, a
-        batcher's ``executor.submit``) copies no context: carry the request's trace and
-        evidence along, so its model calls are seen and credited to that request. Only
-        servescope's own context goes; the user's functions run as they would."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        original = ThreadPoolExecutor.submit
-        sw = self.switch("executor hand-off")
-
-        @functools.wraps(original)
-        def submit(self_: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-            if sw.on:
-                try:
-                    ev = _evidence.get()
-                    if ev is not None:
-                        inner = carried(fn)
-
-                        def with_evidence(*a: Any, **k: Any) -> Any:
-                            token = _evidence.set(ev)
-                            try:
-                                return inner(*a, **k)
-                            finally:
-                                _evidence.reset(token)
-
-                        return original(self_, with_evidence, *args, **kwargs)
-                except Exception as exc:
-                    sw.fail(exc)
-            return original(self_, fn, *args, **kwargs)
-
-        self._patch(ThreadPoolExecutor, "submit", submit)
-
-    def _model_call(
-        self,
-        original: Callable[..., Any],
-        kind: str,
-        inputs_of: Callable[[tuple[Any, ...], dict[str, Any]], Any],
-        replay_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None,
-    ) -> Callable[..., Any]:
-        """A model call outside torch's module hooks, timed as ``infer`` (only the outermost:
-        a scikit-learn Pipeline's steps, or the torch modules under ``encode``, stay inside)."""
-        infer = stage("infer")
-        sw = self.switch(f"{kind} {original.__name__}")
-        probes = self
-
-        @functools.wraps(original)
-        def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            if not sw.on or current_stage_name() == "infer":
-                return original(self_, *args, **kwargs)
-            t0 = time.perf_counter_ns()
-            with infer:
-                out = original(self_, *args, **kwargs)
-            try:
-                inputs = inputs_of(args, kwargs)
-                record = {"module": type(self_).__name__, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
-                record.update(probes._describe_call(inputs, (time.perf_counter_ns() - t0) / 1e6))
-                record["grad"] = False
-                probes._record_forward(record)
-                if replay_of is not None and probes.wants(record["fp"]) and record["batch"]:
-                    replay = replay_of(self_, detached(args), detached(kwargs))
-                    if replay is not None:
-                        probes.capture(record["fp"], replay, kind, None)
-            except Exception as exc:
-                sw.fail(exc)
-            return out
-
-        return wrapper
-
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         if name in owner.__dict__:
             original = owner.__dict__[name]
@@ -672,57 +502,6 @@ def _torch_busy(torch: Any) -> Callable[[], bool]:
 
 def _is_script(torch: Any, module: Any) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
-
-
-def _subclasses(cls: type) -> list[type]:
-    out, todo = [], [cls]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in out:
-                out.append(sub)
-                todo.append(sub)
-    return out
-
-
-def _first_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[0] if args else next(iter(kwargs.values()), None)
-
-
-def _first_arg_replay(method: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
-    """Replays ``obj.method(X, ...)`` with X's first row replicated (a scikit-learn estimator on
-    an array or DataFrame, ``encode`` on a list of texts)."""
-
-    def make(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not args:
-            return None
-        x, rest = args[0], args[1:]
-        if isinstance(x, str):
-            x = [x]  # encode("one text"): the same text as a list of one
-
-        def replay(b: int) -> Callable[[], Any]:
-            xb = replicate(x, b)
-            return lambda: getattr(obj, method)(xb, *rest, **kwargs)
-
-        return replay
-
-    return make
-
-
-def _ort_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[1] if len(args) > 1 else kwargs.get("input_feed")
-
-
-def _ort_replay(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    names = args[0] if args else kwargs.get("output_names")
-    feed = _ort_inputs(args, kwargs)
-    if not isinstance(feed, Mapping):
-        return None
-
-    def replay(b: int) -> Callable[[], Any]:
-        fb = replicate(dict(feed), b)
-        return lambda: session.run(names, fb)
-
-    return replay
 
 
 def _pinned(t: Any) -> bool:

@@ -1,0 +1,49 @@
+"""The evidence record of the request running in this context: what the probes count
+(loads, copies, model calls ...), one dict per request, in a ContextVar the doctor sets."""
+
+from __future__ import annotations
+
+import asyncio
+from contextvars import ContextVar
+from typing import Any
+
+__all__ = ["current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
+
+_evidence: ContextVar[dict[str, Any] | None] = ContextVar("servescope_evidence", default=None)
+
+
+def new_evidence() -> dict[str, Any]:
+    return {
+        "loads": 0,
+        "load_calls": [],
+        "constructed": 0,
+        "params_built": 0,
+        "load_windows": [],
+        "first_init_ns": None,
+        "last_init_ns": None,
+        "module_moves": 0,
+        "h2d": 0,
+        "d2h": 0,
+        "copy_bytes": 0,
+        "small_copies": 0,
+        "unpinned_async": 0,
+        "syncs": 0,
+        "forwards": [],
+    }
+
+
+def current_evidence() -> dict[str, Any] | None:
+    return _evidence.get()
+
+
+def set_evidence(ev: dict[str, Any] | None) -> Any:
+    """Make ``ev`` the evidence record of the request running in this context."""
+    return _evidence.set(ev)
+
+
+def reset_evidence(token: Any) -> None:
+    _evidence.reset(token)
+
+
+def _loop_running() -> bool:
+    return asyncio._get_running_loop() is not None
