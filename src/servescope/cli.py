@@ -120,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="FILE", help="write the report (JSON)")
     bench.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
 
-    doc = sub.add_parser("doctor", help="name the causes of a slow endpoint, with evidence and the fix")
+    doc = sub.add_parser(
+        "doctor",
+        help="name the causes of a slow endpoint, with evidence and the fix",
+        epilog="exit status: 0 diagnosed, 1 a finding at --fail-on or worse, 2 bad arguments, 3 could not diagnose "
+        "(the requests failed, hung or ended the process)",
+    )
     doc.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app)")
     doc.add_argument("--url", help="an endpoint already running: only the checks that work from outside")
     doc.add_argument("--payload", metavar="FILE", help="a JSON request body (for a handler: its argument)")
