@@ -60,8 +60,10 @@ def ids(ev: Evidence) -> set[tuple[str, str]]:
 
 
 def test_a_healthy_endpoint_comes_out_clean_and_every_rule_was_checked():
-    d = diagnose_evidence(healthy())
+    d = diagnose_evidence(healthy(p50_ms=10.0))
     assert d.findings == [] and d.not_checked == {}
+    # a 2 ms request: the GIL cannot be told apart from the doctor's own work, and it says so
+    assert set(diagnose_evidence(healthy()).not_checked) == {"gil-contention"}
 
 
 @pytest.mark.parametrize(
@@ -121,7 +123,7 @@ def test_no_batching_without_a_batch_probe_is_not_checked_with_the_reason():
     ev = healthy(concurrent__forwards=forwards(count=48), batch_probe=None)
     ev.missing["batch_probe"] = "batch probe skipped: no model input was captured"
     d = diagnose_evidence(ev)
-    assert d.findings == [] and d.not_checked == {"no-batching": "batch probe skipped: no model input was captured"}
+    assert d.findings == [] and d.not_checked["no-batching"] == "batch probe skipped: no model input was captured"
     ev.missing.clear()
     ev.batch_probe = BatchProbe(error="RuntimeError: shape mismatch")
     assert "shape mismatch" in diagnose_evidence(ev).not_checked["no-batching"]
@@ -173,6 +175,9 @@ def test_gil_contention_needs_flat_scaling_one_busy_core_and_a_held_gil():
     # the Python work is a model built per request: that finding's fix removes it
     built = healthy(**flat, warm__constructed_per_request=4.0, warm__params_built_per_request=264_000.0)
     assert {f.id for f in diagnose_evidence(built).findings} == {"model-load-per-request"}
+    # requests too short to tell the endpoint's GIL use from the doctor's own: not checked
+    short = diagnose_evidence(healthy(**{**flat, "p50_ms": 1.7}))
+    assert short.findings == [] and "too short" in short.not_checked["gil-contention"]
     # one CPU: nothing to run in parallel on
     assert {f.id for f in diagnose_evidence(healthy(**flat, environment__cpus_available=1)).findings} == {"thread-oversubscription"}
 

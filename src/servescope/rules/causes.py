@@ -9,7 +9,7 @@ nothing measurable). A rule that needs a measurement the run does not have calls
 
 from __future__ import annotations
 
-from ..doctor.evidence import Evidence
+from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 
 #: Thresholds (docs/doctor.md).
@@ -17,6 +17,7 @@ NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
 COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
 LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
+GIL_MIN_REQUEST_MS = 5.0
 FAILING_HIGH = 0.1
 REPEATED_SHARE = 0.01
 PADDING_SHARE = 0.5
@@ -434,6 +435,13 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     width = min(conc.concurrency, int(cpus))
     if width < 2 or not conc.throughput_rps or not conc.sequential_rps:
         return []
+    if ev.p50_ms < GIL_MIN_REQUEST_MS:
+        # the doctor's own client (and, for an app, the server's HTTP work) share the process's
+        # GIL: on requests this short they are a large part of what holds it
+        raise MissingEvidence(
+            f"requests of {ev.p50_ms:.2g} ms are too short to tell the endpoint's hold on the GIL from the "
+            "doctor's own work in the same process (it is measured from 5 ms)"
+        )
     scaling = conc.throughput_rps / conc.sequential_rps
     on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
     loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
