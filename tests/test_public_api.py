@@ -10,6 +10,7 @@ def test_public_namespace_is_exactly_what_we_document():
             "Distribution",
             "EndpointError",
             "Finding",
+            "InvalidPayload",
             "MissingDependencyError",
             "Model",
             "Recorder",

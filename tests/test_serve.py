@@ -38,7 +38,7 @@ class Doubler(servescope.Model):
     def validate(self, payload):
         x = payload["x"]
         if len(x) != 4:
-            raise ValueError("x needs 4 numbers")
+            raise servescope.InvalidPayload("x needs 4 numbers", field="x")
         return x
 
     def preprocess(self, item):
@@ -179,7 +179,7 @@ def test_concurrent_requests_are_batched():
     [
         (b"{not json", 400, "not valid JSON"),
         (b'{"x": [1, 2]}', 422, "x needs 4 numbers"),
-        (b'{"y": 1}', 422, "KeyError"),
+        (b'{"y": 1}', 422, "missing field 'x'"),
         (b'{"x": [' + b"1," * 600_000 + b"1]}", 413, "request body over"),
     ],
 )
@@ -219,9 +219,9 @@ def test_one_items_failure_is_that_items_only():
 
     ok1, bad_pre, poisoned, bad_post, ok2 = run(go())
     assert ok1.status_code == 200 and ok2.status_code == 200
-    assert bad_pre.status_code == 500 and "bad item" in bad_pre.json()["error"]
-    assert poisoned.status_code == 500 and "poisoned batch" in poisoned.json()["error"]
-    assert bad_post.status_code == 500 and "cannot postprocess" in bad_post.json()["error"]
+    assert bad_pre.status_code == 500 and bad_pre.json()["error"] == "internal error in the model's preprocess"
+    assert poisoned.status_code == 500 and poisoned.json()["error"] == "internal error in the model's forward"
+    assert bad_post.status_code == 500 and bad_post.json()["error"] == "internal error in the model's postprocess"
     assert ok2.json()["y"] == [4.0, 4.0, 4.0, 4.0]
 
 
@@ -337,8 +337,9 @@ def test_a_failing_load_is_reported_not_hidden():
             return await client.get("/ready"), await client.post("/predict", json={"x": [1, 2, 3, 4]})
 
     ready, predict = run(go())
-    assert ready.status_code == 503 and "weights.pt not found" in ready.json()["error"]
-    assert predict.status_code == 500 and "weights.pt not found" in predict.json()["error"]
+    assert ready.status_code == 503 and "weights.pt not found" in ready.json()["error"]  # the operator's view
+    assert predict.status_code == 500 and "see the server log" in predict.json()["error"]
+    assert "weights.pt" not in predict.text  # a client's view: no paths
 
 
 @pytest.mark.parametrize(
@@ -484,3 +485,69 @@ def test_report_is_built_at_most_once_per_interval_however_often_it_is_scraped()
 def test_a_bad_report_interval_is_refused(bad):
     with pytest.raises(ConfigError, match="report_interval_s"):
         servescope.serve(Doubler(), report_interval_s=bad)
+
+
+def test_errors_stay_private_the_log_has_them_under_the_request_id(caplog):
+    class Leaky(Doubler):
+        def validate(self, payload):
+            if payload.get("db"):
+                raise ConnectionError("postgres://admin:hunter2@db.internal/prod refused")
+            return super().validate(payload)
+
+        def preprocess(self, item):
+            if item[0] == -9:
+                raise RuntimeError("secret token=sk-LIVE-123456 in /home/alice/models/ckpt.pt")
+            return super().preprocess(item)
+
+    app = servescope.serve(Leaky(), inline_below_ms=0)
+
+    async def go():
+        async with Running(app) as client:
+            return await client.post("/predict", json={"x": [-9, 0, 0, 0]}), await client.post("/predict", json={"db": 1, "x": [1, 1, 1, 1]})
+
+    with caplog.at_level("WARNING", logger="servescope"):
+        boom, refused = run(go())
+    assert boom.status_code == 500 and "sk-LIVE" not in boom.text and "/home/alice" not in boom.text
+    rid = boom.json()["request_id"]
+    assert boom.headers["x-request-id"] == rid
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert logged and "sk-LIVE-123456" in logged[0].getMessage() and logged[0].exc_info is not None  # the traceback
+    assert refused.status_code == 422 and "hunter2" not in refused.text
+    assert refused.json()["error"] == "invalid payload: rejected by validate() (ConnectionError)"
+    assert any("hunter2" in r.getMessage() and refused.json()["request_id"] in r.getMessage() for r in caplog.records)
+
+
+def test_debug_errors_puts_the_text_in_the_body():
+    class Failing(Doubler):
+        def preprocess(self, item):
+            if item[0] == 1:  # not the warm-up example
+                raise RuntimeError("the detail")
+            return super().preprocess(item)
+
+    app = servescope.serve(Failing(), debug_errors=True, inline_below_ms=0)
+
+    async def go():
+        async with Running(app) as client:
+            return await client.post("/predict", json={"x": [1, 1, 1, 1]})
+
+    r = run(go())
+    assert r.status_code == 500 and r.json()["error"] == "internal error in the model's preprocess: RuntimeError: the detail"
+
+
+def test_nan_in_an_output_is_an_error_not_a_silent_null():
+    class NaNs(Doubler):
+        def postprocess(self, output):
+            y = output.numpy()
+            if y[0] == 8.0:
+                y = y * float("nan")
+            return {"y": y}
+
+    app = servescope.serve(NaNs(), inline_below_ms=0)
+
+    async def go():
+        async with Running(app) as client:
+            return await client.post("/predict", json={"x": [4, 0, 0, 0]}), await client.post("/predict", json={"x": [1, 0, 0, 0]})
+
+    nan, fine = run(go())
+    assert nan.status_code == 500 and nan.json()["error"] == "internal error in the model's serialize"
+    assert fine.status_code == 200 and fine.json()["y"][0] == 2.0

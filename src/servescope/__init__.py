@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 from .exceptions import (
     ConfigError,
     EndpointError,
+    InvalidPayload,
     MissingDependencyError,
     RecordError,
     ReportError,
@@ -37,6 +38,7 @@ __all__ = [
     "Distribution",
     "EndpointError",
     "Finding",
+    "InvalidPayload",
     "MissingDependencyError",
     "Model",
     "Recorder",

@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--timeout", type=_duration, default=None, help="per-request deadline, 504 after (default 30s)")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
     srv.add_argument("--threads", type=_positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
+    srv.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
     srv.add_argument("--ray", action="store_true", help="deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")
     srv.add_argument("--replicas", type=_positive_int, default=None, help="with --ray: replicas (default 1)")
     srv.add_argument("--ray-address", default=None, help="with --ray: the cluster (auto, HOST:PORT, ray://HOST:PORT; default: start one here)")
@@ -301,6 +302,7 @@ def _serve(args: argparse.Namespace) -> int:
             "timeout_s": args.timeout,
             "device": args.device,
             "threads": args.threads,
+            "debug_errors": args.debug_errors,
         }.items()
         if v is not None
     }

@@ -8,6 +8,7 @@
     │   └── SchemaError                 a report of an unknown or newer schema
     ├── ConfigError (ValueError)        a bad keyword argument or CLI option
     ├── EndpointError                   the endpoint could not be started, reached or measured
+    ├── InvalidPayload (ValueError)     raised by a Model's validate(): its text is for the client
     └── MissingDependencyError (ImportError)  an optional extra is not installed
 
 Every message says what happened, why, and what fixes it.
@@ -47,6 +48,19 @@ class ConfigError(ServescopeError, ValueError):
 class EndpointError(ServescopeError):
     """The endpoint under test could not be started, reached or measured (its own failure,
     not a bad option)."""
+
+
+class InvalidPayload(ServescopeError, ValueError):
+    """Raise it from ``Model.validate`` to reject a request: its message (and ``field``) go to
+    the client in the 422. Any other exception there is answered in general terms (its text
+    may carry secrets) and logged.
+
+        raise servescope.InvalidPayload("x needs 4 numbers", field="x")
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class MissingDependencyError(ServescopeError, ImportError):

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
 
 import orjson
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, InvalidPayload
 from ..recorder import Recorder
 from ..report import Report
 from ..servertiming import format_ns
@@ -37,6 +39,22 @@ _JSON = [(b"content-type", b"application/json")]
 
 def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
+
+
+def invalid_payload(exc: BaseException, debug: bool = False) -> str:
+    """What a 422 says: the field, where the exception names one (a missing key), never the
+    exception's own text (it may carry secrets: a URL with its password, a path), unless
+    debugging."""
+    if isinstance(exc, InvalidPayload):  # written for the client by the model's author
+        return f"invalid payload: {exc}"
+    if debug:
+        return f"invalid payload: {type(exc).__name__}: {exc}"
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], (str, int)):
+        return f"invalid payload: missing field {exc.args[0]!r}"
+    field = getattr(exc, "field", None)  # a validate() that raises with the field it checked
+    if isinstance(field, str):
+        return f"invalid payload: field {field!r} is not valid"
+    return f"invalid payload: rejected by validate() ({type(exc).__name__})"
 
 
 class ServeApp:
@@ -60,6 +78,7 @@ class ServeApp:
         report_source: Callable[[], Report] | None = None,
         timing_suffix: str = "",
         report_interval_s: float = 1.0,
+        debug_errors: bool = False,
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -111,6 +130,11 @@ class ServeApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._msgpack = importlib.util.find_spec("msgpack") is not None  # else JSON for everyone
+        # a failed request's details go to the log under a request id; the client gets the id
+        # and what failed in general terms (the exception's text only with debug_errors)
+        self.debug_errors = bool(debug_errors)
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}"
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -244,7 +268,8 @@ class ServeApp:
         t0 = now()
         if self.state != "ready":
             status = 500 if self.state == "failed" else 503
-            await self._reply(send, status, _error_body(f"not ready: {self.state}" + (f" ({self.failure})" if self.failure else "")), t0, {}, retry=status == 503)
+            why = f" ({self.failure})" if self.failure and self.debug_errors else (": start-up failed, see the server log" if self.failure else "")
+            await self._reply(send, status, _error_body(f"not ready: {self.state}{why}"), t0, {}, retry=status == 503)
             return
         # receive, with a size limit that answers before reading a huge body
         body = b""
@@ -270,7 +295,9 @@ class ServeApp:
             item_value = self.model.validate(payload)
         except Exception as exc:
             durations["validate"] = now() - t1
-            await self._reply(send, 422, _error_body(f"invalid payload: {type(exc).__name__}: {exc}"), t0, durations)
+            rid = self._request_id()
+            log.warning("servescope: request %s: invalid payload: %s: %s", rid, type(exc).__name__, exc)
+            await self._reply(send, 422, self._error(invalid_payload(exc, self.debug_errors), rid), t0, durations, request_id=rid)
             return
         durations["validate"] = now() - t1
         accept = "json"
@@ -343,10 +370,21 @@ class ServeApp:
     async def _answer(self, send: Any, item: Item, t0: int, durations: dict[str, int], accept: str) -> None:
         durations.update(item.durations)
         if item.error is not None:
-            await self._reply(send, item.status, _error_body(item.error), t0, durations)
+            rid = self._request_id()
+            stage = item.stage or "model"
+            log.error("servescope: request %s failed in %s: %s", rid, stage, item.error, exc_info=item.exc)
+            message = f"internal error in the model's {stage}" + (f": {item.error}" if self.debug_errors else "")
+            await self._reply(send, item.status, self._error(message, rid), t0, durations, request_id=rid)
             return
         ctype = b"application/msgpack" if accept == "msgpack" else b"application/json"
         await self._reply(send, 200, item.body or b"null", t0, durations, content_type=ctype)
+
+    def _request_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids):x}"
+
+    @staticmethod
+    def _error(message: str, request_id: str) -> bytes:
+        return orjson.dumps({"error": message, "request_id": request_id})
 
     def _deliver(self, items: list[Item]) -> None:
         """From the worker thread: hand a finished batch back to the event loop, in one wake-up."""
@@ -366,12 +404,15 @@ class ServeApp:
         *,
         retry: bool = False,
         content_type: bytes = b"application/json",
+        request_id: str | None = None,
     ) -> None:
         total = time.perf_counter_ns() - t0
         timing = format_ns(durations, total) + self.timing_suffix
         headers = [(b"content-type", content_type), (b"server-timing", timing.encode())]
         if retry:
             headers.append((b"retry-after", b"1"))
+        if request_id is not None:
+            headers.append((b"x-request-id", request_id.encode()))
         await _respond(send, status, body, headers)
         error = None if status < 400 else f"HTTP {status}"
         self.recorder.record_ns(durations, total, error)  # /metrics is computed from it

@@ -24,7 +24,7 @@ _STOP = object()
 class Item:
     """One request's passage through the worker."""
 
-    __slots__ = ("payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept")
+    __slots__ = ("payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept", "exc", "stage")
 
     def __init__(self, payload: Any, *, future: Any = None, accept: str = "json") -> None:
         self.payload = payload
@@ -36,6 +36,8 @@ class Item:
         self.status = 200
         self.future = future  # an asyncio.Future the server awaits (None in warm-up and tests)
         self.accept = accept
+        self.exc: BaseException | None = None  # what failed it, for the server's log (never the client)
+        self.stage = ""  # the model's step that failed: preprocess, forward, postprocess, serialize
 
 
 class Batcher:

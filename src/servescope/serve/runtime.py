@@ -132,7 +132,7 @@ class Runtime:
                 inputs.append(model.preprocess(it.payload))
                 live.append(it)
             except Exception as exc:
-                _fail(it, exc, 500)
+                _fail(it, exc, 500, "preprocess")
             it.durations["preprocess"] = now() - t
         if live:
             outputs = self._forward(live, inputs)
@@ -143,13 +143,16 @@ class Runtime:
                 try:
                     result = model.postprocess(out)
                 except Exception as exc:
-                    _fail(it, exc, 500)
+                    _fail(it, exc, 500, "postprocess")
                     continue
                 t2 = now()
                 try:
-                    it.body = serialize(result, it.accept)
+                    body = serialize(result, it.accept)
+                    if it.accept != "msgpack" and b"null" in body and _nonfinite(result):
+                        raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
+                    it.body = body
                 except Exception as exc:
-                    _fail(it, exc, 500)
+                    _fail(it, exc, 500, "serialize")
                     continue
                 it.durations["postprocess"] = t2 - t
                 it.durations["serialize"] = now() - t2
@@ -160,14 +163,14 @@ class Runtime:
             return self._batched(items, inputs)
         except Exception as exc:
             if len(items) == 1:
-                _fail(items[0], exc, 500)
+                _fail(items[0], exc, 500, "forward")
                 return [None]
         outs = []
         for it, x in zip(items, inputs):  # batch-mates of a bad item still get answers
             try:
                 outs.append(self._batched([it], [x])[0])
             except Exception as exc:
-                _fail(it, exc, 500)
+                _fail(it, exc, 500, "forward")
                 outs.append(None)
         return outs
 
@@ -207,9 +210,38 @@ class Runtime:
         return buf.to(self.device, non_blocking=True)
 
 
-def _fail(item: Item, exc: BaseException, status: int) -> None:
+def _fail(item: Item, exc: BaseException, status: int, stage: str = "model") -> None:
+    """Mark ``item`` failed. ``error`` is the full text, for warm-up and the server's log; what
+    the client is told is decided by the server (in general terms, unless debugging)."""
     item.error = f"{type(exc).__name__}: {exc}"
     item.status = status
+    item.exc = exc
+    item.stage = stage
+
+
+def _nonfinite(value: Any, depth: int = 0) -> bool:
+    """Whether a result holds NaN or infinity (which JSON cannot carry: orjson writes null)."""
+    if isinstance(value, float):
+        return value != value or value in (float("inf"), float("-inf"))
+    if depth > 16:
+        return False
+    if isinstance(value, dict):
+        return any(_nonfinite(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_nonfinite(v, depth + 1) for v in value)
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if kind in ("f", "c"):  # numpy arrays and scalars
+        import numpy as np
+
+        return not bool(np.isfinite(value).all())
+    if hasattr(value, "is_floating_point") and value.is_floating_point():  # a torch tensor
+        return not bool(value.isfinite().all())
+    return False
+
+
+class NonFiniteOutput(ValueError):
+    """The model's output held NaN or infinity: JSON cannot carry them (served as an error,
+    never as a silent ``null``; msgpack carries them as they are)."""
 
 
 def collate(inputs: list[Any]) -> Any:
