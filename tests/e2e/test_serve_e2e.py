@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -155,3 +156,25 @@ def test_a_target_that_is_not_a_model_is_one_line_exit_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "servescope", "serve", f"{bad}:x"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [f"servescope: error: {bad}:x is int, not a servescope.Model subclass or a serve() app"]
+
+
+def test_errors_stay_private_on_a_real_server_and_the_log_has_them():
+    proc, url = start(target="tests/e2e/endpoints/leaky_model.py:Leaky")
+    try:
+        answers = {}
+        for name, body in (("boom", {"x": [-1, 0, 0, 0]}), ("db", {"db": 1}), ("missing", {"y": 1})):
+            req = urllib.request.Request(f"{url}/predict", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30)
+            except urllib.error.HTTPError as exc:
+                answers[name] = (exc.code, exc.headers.get("x-request-id"), exc.read().decode())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    code, rid, text = answers["boom"]
+    assert code == 500 and "sk-LIVE" not in text and "/home/alice" not in text and rid in text
+    assert f"request {rid} failed in preprocess" in err and "sk-LIVE-123456" in err and "Traceback" in err
+    code, rid, text = answers["db"]
+    assert code == 422 and "hunter2" not in text and "ConnectionError" in text and "hunter2" in err
+    code, _, text = answers["missing"]
+    assert code == 422 and "missing field 'x'" in text
