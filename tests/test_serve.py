@@ -551,3 +551,26 @@ def test_nan_in_an_output_is_an_error_not_a_silent_null():
     nan, fine = run(go())
     assert nan.status_code == 500 and nan.json()["error"] == "internal error in the model's serialize"
     assert fine.status_code == 200 and fine.json()["y"][0] == 2.0
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_reading_and_the_connection_closed():
+    app = servescope.serve(Doubler(), max_body_bytes=1024)
+    reads, sent = [], []
+
+    async def receive():
+        reads.append(1)
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    async def go():
+        await app.startup()
+        await app.wait_ready()
+        scope = {"type": "http", "method": "POST", "path": "/predict", "headers": [(b"content-length", b"10000000000")]}
+        await app(scope, receive, send)
+
+    run(go())
+    start = sent[0]
+    assert start["status"] == 413 and (b"connection", b"close") in start["headers"]
+    assert reads == []  # a 10 GB declared body: not one byte read

@@ -178,3 +178,22 @@ def test_errors_stay_private_on_a_real_server_and_the_log_has_them():
     assert code == 422 and "hunter2" not in text and "ConnectionError" in text and "hunter2" in err
     code, _, text = answers["missing"]
     assert code == 422 and "missing field 'x'" in text
+
+
+def test_a_declared_10_gb_body_is_refused_at_once_and_the_connection_closed(server):
+    import socket
+
+    _, url = server
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n")
+        sock.sendall(b"[" * 4096)  # the start of a body the server must not wait for
+        t0 = time.monotonic()
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:  # closed by the server after its answer
+                break
+            data += chunk
+        assert time.monotonic() - t0 < 5
+    assert data.startswith(b"HTTP/1.1 413") and b"connection: close" in data.lower()

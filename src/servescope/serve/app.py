@@ -271,7 +271,14 @@ class ServeApp:
             why = f" ({self.failure})" if self.failure and self.debug_errors else (": start-up failed, see the server log" if self.failure else "")
             await self._reply(send, status, _error_body(f"not ready: {self.state}{why}"), t0, {}, retry=status == 503)
             return
-        # receive, with a size limit that answers before reading a huge body
+        # receive, with a size limit: a declared length over it is refused before reading a
+        # byte, a body that grows past it as soon as it does; either way the connection is
+        # closed after the 413, so the rest is never read
+        too_big = _error_body(f"request body over {self.max_body_bytes} bytes")
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                await self._reply(send, 413, too_big, t0, {}, close=True)
+                return
         body = b""
         more = True
         while more:
@@ -281,7 +288,7 @@ class ServeApp:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body_bytes:
-                await self._reply(send, 413, _error_body(f"request body over {self.max_body_bytes} bytes"), t0, {})
+                await self._reply(send, 413, too_big, t0, {}, close=True)
                 return
         t1 = now()
         durations: dict[str, int] = {"receive": t1 - t0}
@@ -405,6 +412,7 @@ class ServeApp:
         retry: bool = False,
         content_type: bytes = b"application/json",
         request_id: str | None = None,
+        close: bool = False,
     ) -> None:
         total = time.perf_counter_ns() - t0
         timing = format_ns(durations, total) + self.timing_suffix
@@ -413,6 +421,8 @@ class ServeApp:
             headers.append((b"retry-after", b"1"))
         if request_id is not None:
             headers.append((b"x-request-id", request_id.encode()))
+        if close:
+            headers.append((b"connection", b"close"))
         await _respond(send, status, body, headers)
         error = None if status < 400 else f"HTTP {status}"
         self.recorder.record_ns(durations, total, error)  # /metrics is computed from it
