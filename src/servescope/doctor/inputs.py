@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 __all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "replicate", "vary"]
 
@@ -145,9 +145,6 @@ def detached(obj: Any, depth: int = 0) -> Any:
         return type(obj)(detached(v, depth + 1) for v in obj)
     return obj
 
-
-#: A replay of one captured model call at batch size b: () -> output
-Replay = Callable[[int], Callable[[], Any]]
 
 
 def vary(payload: Any, depth: int = 0) -> Any:

@@ -46,11 +46,10 @@ _TAIL_LINES = 12
 
 
 def _end_group(pid: int) -> None:
-    for sig in (signal.SIGKILL,):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _tail(path: Path) -> list[str]:

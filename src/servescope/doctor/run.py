@@ -275,7 +275,7 @@ class _Run:
         for i in range(o.requests):
             if i >= MIN_OK_REQUESTS and time.perf_counter() > deadline:
                 break
-            obs = self.target.request(self.payload, self.body, o.timeout_s)
+            obs = self.target.request(self.body, o.timeout_s)
             out.append(obs)
             self.tick("sequential requests", (i + 1) / o.requests)
             if obs.error and obs.error.startswith("timeout"):
@@ -292,7 +292,7 @@ class _Run:
                 self.start_error = str(exc)
                 return
             self.tick("cold request", 0.0)
-            self.cold = self.target.request(self.payload, self.body, o.timeout_s)
+            self.cold = self.target.request(self.body, o.timeout_s)
             with self.sampler:
                 self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
                 if any(w.error for w in self.warm):
@@ -317,7 +317,7 @@ class _Run:
         if failed < PROBE_BLAME_SHARE * len(self.warm):
             return
         self.probes.remove()
-        bare = [self.target.request(self.payload, self.body, self.options.timeout_s) for _ in range(PROBE_BLAME_CHECKS)]
+        bare = [self.target.request(self.body, self.options.timeout_s) for _ in range(PROBE_BLAME_CHECKS)]
         if all(b.error is None for b in bare):
             first = next(w.error for w in self.warm if w.error)
             self.probes_at_fault = (
@@ -342,7 +342,7 @@ class _Run:
         if varied == self.payload:
             self.missing["repeated"] = "the payload has no text or decimal number to vary, so inputs that never change cannot be told apart"
             return
-        obs = self.target.request(varied, payload_bytes(varied), self.options.timeout_s)
+        obs = self.target.request(payload_bytes(varied), self.options.timeout_s)
         if obs.error:
             self.missing["repeated"] = f"a request with the payload varied failed ({obs.error}), so inputs that never change cannot be told apart"
         else:
@@ -363,7 +363,7 @@ class _Run:
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
         cpu0, t0 = time.process_time(), time.perf_counter_ns()
         try:
-            self.conc, self.conc_elapsed = self.target.concurrent(self.payload, self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
+            self.conc, self.conc_elapsed = self.target.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
         finally:
             done.set()
         cpu1, t1 = time.process_time(), time.perf_counter_ns()

@@ -100,6 +100,7 @@ class ServeApp:
         self.example = example if example is not None else model.example
         self.timeout_s = float(timeout_s)
         self.max_body_bytes = max_body_bytes
+        self._too_big = _error_body(f"request body over {max_body_bytes} bytes")
         self.runtime = Runtime(model, device=device, threads=threads)
         self.batcher = Batcher(self.runtime.process, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         sizes = warmup_batch_sizes
@@ -274,11 +275,13 @@ class ServeApp:
         # receive, with a size limit: a declared length over it is refused before reading a
         # byte, a body that grows past it as soon as it does; either way the connection is
         # closed after the 413, so the rest is never read
-        too_big = _error_body(f"request body over {self.max_body_bytes} bytes")
-        for name, value in scope.get("headers", ()):
+        accept = "json"
+        for name, value in scope.get("headers", ()):  # one pass over the headers
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                await self._reply(send, 413, too_big, t0, {}, close=True)
+                await self._reply(send, 413, self._too_big, t0, {}, close=True)
                 return
+            if name == b"accept" and b"msgpack" in value and self._msgpack:
+                accept = "msgpack"
         body = b""
         more = True
         while more:
@@ -288,7 +291,7 @@ class ServeApp:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body_bytes:
-                await self._reply(send, 413, too_big, t0, {}, close=True)
+                await self._reply(send, 413, self._too_big, t0, {}, close=True)
                 return
         t1 = now()
         durations: dict[str, int] = {"receive": t1 - t0}
@@ -307,10 +310,6 @@ class ServeApp:
             await self._reply(send, 422, self._error(invalid_payload(exc, self.debug_errors), rid), t0, durations, request_id=rid)
             return
         durations["validate"] = now() - t1
-        accept = "json"
-        for name, value in scope.get("headers", ()):
-            if name == b"accept" and b"msgpack" in value and self._msgpack:
-                accept = "msgpack"
         if self._alone():
             self._open += 1  # seen by requests read in the same loop iteration...
             try:

@@ -39,11 +39,12 @@ class Target(Protocol):
     def start(self, timeout_s: float) -> None:
         """Be ready to take requests within ``timeout_s`` (raise ``EndpointError`` if not)."""
 
-    def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
-        """One request; a handler that does not answer within ``timeout_s`` is abandoned."""
+    def request(self, body: bytes, timeout_s: float) -> Observation:
+        """One request with the JSON ``body`` (a function gets it parsed, afresh each call); a
+        handler that does not answer within ``timeout_s`` is abandoned."""
 
     def concurrent(
-        self, payload: Any, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+        self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
         """``requests`` requests from ``concurrency`` callers, within ``max_seconds``; those
         still running then are marked ``UNFINISHED``."""

@@ -129,7 +129,7 @@ class FunctionTarget:
                 loop.close()
         self._pool.shutdown()
 
-    def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
+    def request(self, body: bytes, timeout_s: float) -> Observation:
         payload = orjson.loads(body)  # each call its own copy, as a server parses each body
         ev = new_evidence()
         tr = Trace()
@@ -166,7 +166,7 @@ class FunctionTarget:
         return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev)
 
     def concurrent(
-        self, payload: Any, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+        self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
         t0 = time.perf_counter()
         deadline = t0 + max_seconds
@@ -180,7 +180,7 @@ class FunctionTarget:
                     if budget[0] <= 0 or time.perf_counter() > deadline:
                         return  # new requests start until the budget is spent ...
                     budget[0] -= 1
-                o = self.request(payload, body, timeout_s)  # ... each with the whole timeout
+                o = self.request(body, timeout_s)  # ... each with the whole timeout
                 with lock:
                     obs.append(o)
                 if o.error and o.error.startswith("timeout"):

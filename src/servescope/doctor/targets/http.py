@@ -20,7 +20,7 @@ from ...exceptions import EndpointError
 from ...middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
 from ...timing import Trace
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
-from .base import UNFINISHED, Observation
+from .base import Observation
 from .function import lag_monitor
 
 __all__ = ["ASGITarget", "REQUEST_ID_HEADER", "WSGITarget", "free_port"]
@@ -72,7 +72,7 @@ class _HTTPTarget:
     def loop_thread_id(self) -> int | None:
         return None
 
-    def request(self, payload: Any, body: bytes, timeout_s: float) -> Observation:
+    def request(self, body: bytes, timeout_s: float) -> Observation:
         """One POST; its server-side trace is found by the id it carries in a header (a
         request abandoned earlier may finish later: its trace must not be taken for this one)."""
         self._next_id += 1
@@ -106,7 +106,7 @@ class _HTTPTarget:
         return Observation(latency, status, err, tr, ev or {})
 
     def concurrent(
-        self, payload: Any, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+        self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
         from ...loadgen import LoadGenerator, Target, build_requests, error_kind
 
@@ -131,15 +131,13 @@ class _HTTPTarget:
         with self.collector.lock:
             traces = self.collector.items[before:]
         obs = []
+        # (the generator's word for a request still in flight at the end is UNFINISHED's)
         # traces arrive in the order the server finished them, results in the order the client
         # saw them: the same order for all but near-ties, and only their aggregates are used
         for i, r in enumerate(results):
             err = error_kind(r)
             tr, ev = traces[i] if i < len(traces) else (None, None)
             obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}))
-        for o in obs:
-            if o.error == "unfinished at the end":
-                o.error = UNFINISHED
         return obs, elapsed
 
 
