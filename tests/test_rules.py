@@ -180,6 +180,11 @@ def test_gil_contention_needs_flat_scaling_one_busy_core_and_a_held_gil():
     assert short.findings == [] and "too short" in short.not_checked["gil-contention"]
     # one CPU: nothing to run in parallel on
     assert {f.id for f in diagnose_evidence(healthy(**flat, environment__cpus_available=1)).findings} == {"thread-oversubscription"}
+    # the core this process left unused was idle: the threads waited on the GIL
+    assert [f.id for f in diagnose_evidence(healthy(**flat, concurrent__machine_cores_idle=0.9)).findings] == ["gil-contention"]
+    # other processes ran on it: a late thread may have waited for a CPU, not the GIL
+    shared = diagnose_evidence(healthy(**flat, concurrent__machine_cores_idle=0.1))
+    assert shared.findings == [] and "other processes" in shared.not_checked["gil-contention"]
 
 
 def test_slow_stages_name_the_hot_spot():

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import httpx
 import msgpack
@@ -412,11 +413,21 @@ class ThreadSpy(Doubler):
     def __init__(self) -> None:
         super().__init__()
         self.threads: list[str] = []
+        self.queued = None  # when set: the worker's first batch waits until this says the rest queued
 
     def infer(self, batch):
         if self.serving:
             self.threads.append(threading.current_thread().name)
+            if self.queued is not None and threading.current_thread().name == "servescope-worker":
+                queued, self.queued = self.queued, None
+                wait_until(lambda: queued(batch.shape[0]))
         return super().infer(batch)
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.001)
 
 
 def test_a_lone_request_on_a_fast_model_runs_inline_and_concurrent_ones_batch_on_the_worker():
@@ -427,6 +438,9 @@ def test_a_lone_request_on_a_fast_model_runs_inline_and_concurrent_ones_batch_on
         async with Running(app) as client:
             lone = [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(3)]
             inline_threads = list(model.threads)
+            # the worker's first batch holds until the other five have queued behind it, as
+            # they do when a real model takes longer than the loop needs to read five requests
+            model.queued = lambda in_batch: in_batch + app.batcher.depth() >= 6
             together = await asyncio.gather(*(client.post("/predict", json={"x": [i, 0, 0, 0]}) for i in range(6)))
             return lone, inline_threads, together
 

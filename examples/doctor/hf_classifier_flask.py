@@ -11,6 +11,7 @@ tokenizer = AutoTokenizer.from_pretrained(PATH)
 encoder = AutoModel.from_pretrained(PATH).eval()
 torch.manual_seed(0)
 head = torch.nn.Linear(384, 3).eval()
+encoder(**tokenizer(["warm-up"], padding="max_length", max_length=32, return_tensors="pt"))  # first-call costs paid here
 app = Flask(__name__)
 
 

@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["available_cpus", "capture_environment"]
+__all__ = ["available_cpus", "capture_environment", "idle_cpu_seconds"]
 
 
 def _cgroup_cpus() -> float | None:
@@ -36,6 +36,28 @@ def available_cpus() -> float:
         cpus = os.cpu_count() or 1
     quota = _cgroup_cpus()
     return min(cpus, quota) if quota else cpus
+
+
+def idle_cpu_seconds() -> float | None:
+    """Seconds the CPUs this process may use have spent idle since boot (Linux ``/proc/stat``);
+    None elsewhere, or under a cgroup quota, where idle host CPUs are not ours to use.
+
+    Two readings around a phase tell whether the machine had spare CPU while the process did
+    not use it (its threads waited on each other), or was busy with other processes."""
+    try:
+        mine = os.sched_getaffinity(0)
+        quota = _cgroup_cpus()
+        if quota is not None and quota < len(mine):
+            return None
+        ticks = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in mine:
+                    ticks += int(fields[3]) + int(fields[4])  # idle + iowait
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, OSError, ValueError, IndexError):
+        return None
 
 
 def _torch_info(import_torch: bool) -> dict[str, Any] | None:

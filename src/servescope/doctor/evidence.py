@@ -134,6 +134,9 @@ class Concurrent:
     loop: LoopActivity | None = None  # None when the endpoint has no event loop (WSGI, sync function)
     cpu_cores_busy: float | None = None  # process CPU time / wall time during the phase
     gil_wait_p50_ms: float | None = None  # how late a thread that only wants the GIL gets it
+    #: the machine's CPUs (those this process may use) left idle during the phase; None where
+    #: the OS does not say (not Linux, or a cgroup quota)
+    machine_cores_idle: float | None = None
     worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
     #: model calls seen outside any request (a batcher's own thread): counted, not credited
     background_calls: int = 0

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..environment import available_cpus
+from ..environment import available_cpus, idle_cpu_seconds
 from ..exceptions import EndpointError
 from ..recorder import Recorder
 from ..report import Report
@@ -361,12 +361,13 @@ class _Run:
                 self.tick("concurrent requests", 0.5)
 
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
-        cpu0, t0 = time.process_time(), time.perf_counter_ns()
+        cpu0, idle0, t0 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
         try:
             self.conc, self.conc_elapsed = self.target.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
         finally:
             done.set()
-        cpu1, t1 = time.process_time(), time.perf_counter_ns()
+        cpu1, idle1, t1 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
+        wall_s = (t1 - t0) / 1e9
         self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
         loop_tid = self.target.loop_thread_id
         exclude = {threading.main_thread().ident or 0, loop_tid or 0}
@@ -375,7 +376,8 @@ class _Run:
             self.missing["concurrent.cpu"] = f"the concurrent phase ({(t1 - t0) / 1e6:.0f} ms) was too short for the sampler to measure GIL waits"
         self.concurrent_extra = {
             "loop": self.sampler.loop_activity(loop_tid, t0, t1) if loop_tid else None,
-            "cpu_cores_busy": round((cpu1 - cpu0) / ((t1 - t0) / 1e9), 2) if t1 > t0 else None,
+            "cpu_cores_busy": round((cpu1 - cpu0) / wall_s, 2) if t1 > t0 else None,
+            "machine_cores_idle": round((idle1 - idle0) / wall_s, 2) if t1 > t0 and idle0 is not None and idle1 is not None else None,
             "gil_wait_p50_ms": self.sampler.gil_wait_p50_ms(t0, t1),
             "worker_hot_spot": self.sampler.threads_hot_spot(t0, t1, exclude),
         }

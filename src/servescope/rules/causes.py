@@ -18,6 +18,7 @@ COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
 LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
 GIL_MIN_REQUEST_MS = 5.0
+GIL_IDLE_SHARE = 0.5  # of the cores the process left unused, the share that must have been idle
 FAILING_HIGH = 0.1
 REPEATED_SHARE = 0.01
 PADDING_SHARE = 0.5
@@ -452,6 +453,15 @@ def gil_contention(ev: Evidence) -> list[Finding]:
         return []  # the Python work is the per-request load: model-load-per-request's fix removes it
     if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
         return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
+    unused = width - conc.cpu_cores_busy
+    if conc.machine_cores_idle is not None and conc.machine_cores_idle < GIL_IDLE_SHARE * unused:
+        # the cores this process left unused were not idle: other processes ran on them, and a
+        # thread late for the GIL is as late when the OS has no CPU to give it
+        raise MissingEvidence(
+            f"the machine's CPUs were busy with other processes during the concurrent phase "
+            f"({conc.machine_cores_idle:.2f} cores idle while this process used {conc.cpu_cores_busy:.2f} of "
+            f"{width}), so threads waiting for the GIL cannot be told from threads waiting for a CPU"
+        )
     # service time per request as served now, and if `width` callers could run at once
     saving = 1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width)
     if saving < GIL_FLOOR_MS or saving < GIL_SHARE * ev.p50_ms:
@@ -464,6 +474,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
         "cpu_cores_busy": conc.cpu_cores_busy,
         "cpus_available": cpus,
         "gil_wait_p50_ms": conc.gil_wait_p50_ms,
+        "machine_cores_idle": conc.machine_cores_idle,
     }
     if conc.worker_hot_spot:
         evidence["hot_spot"] = conc.worker_hot_spot
