@@ -7,7 +7,7 @@ import pytest
 
 from servescope.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_duration, results_report
 from servescope.exceptions import ConfigError
-from servescope.loadgen import Target, build_requests, schedule
+from servescope.loadgen import Result, Target, build_requests, schedule
 from servescope.renderers.html import render_html
 from servescope.renderers.sweep import saturation
 
@@ -58,7 +58,7 @@ def stalled_open_loop():
         service = 500 * MS if k == 100 else 1 * MS
         done = sent + service
         free_at = done
-        results.append((sched, sent, done, 200, None, None))
+        results.append(Result(sched, sent, done, 200, None, None))
     return results
 
 
@@ -83,7 +83,7 @@ def test_warmup_requests_are_excluded():
 
 def test_server_timing_becomes_the_breakdown_and_the_network_is_the_rest():
     st = b"preprocess;dur=2, infer;dur=5, total;dur=7.5"
-    results = [(0, 0, 10 * MS, 200, st, None), (0, 1 * MS, 11 * MS, 200, st, None)]
+    results = [Result(0, 0, 10 * MS, 200, st, None), Result(0, 1 * MS, 11 * MS, 200, st, None)]
     rep = results_report(results, measure_from_ns=0)
     assert rep.stages["infer"]["mean_ms"] == 5
     assert rep.stages[NETWORK]["mean_ms"] == pytest.approx(2.5)  # 10 ms seen - 7.5 ms server
@@ -93,18 +93,18 @@ def test_server_timing_becomes_the_breakdown_and_the_network_is_the_rest():
 
 
 def test_without_server_timing_the_report_says_how_to_get_it():
-    rep = results_report([(0, 0, 3 * MS, 200, None, None)], measure_from_ns=0)
+    rep = results_report([Result(0, 0, 3 * MS, 200, None, None)], measure_from_ns=0)
     assert rep.stages == {}
     assert "ServescopeMiddleware" in rep.extra["server_timing"]["hint"]
 
 
 def test_errors_are_counted_by_kind_and_kept_apart():
     results = [
-        (0, 0, 2 * MS, 200, None, None),
-        (0, 0, 1 * MS, 503, None, None),
-        (0, 0, 30_000 * MS, 0, None, "timeout"),
-        (0, 0, 1 * MS, 0, None, "connection refused"),
-        (0, 0, 2 * MS, 200, b"infer;dur=abc", None),
+        Result(0, 0, 2 * MS, 200, None, None),
+        Result(0, 0, 1 * MS, 503, None, None),
+        Result(0, 0, 30_000 * MS, 0, None, "timeout"),
+        Result(0, 0, 1 * MS, 0, None, "connection refused"),
+        Result(0, 0, 2 * MS, 200, b"infer;dur=abc", None),
     ]
     rep = results_report(results, measure_from_ns=0)
     assert rep.errors == {"HTTP 503": 1, "timeout": 1, "connection refused": 1}
@@ -163,7 +163,7 @@ def test_html_is_self_contained_and_holds_the_numbers():
 
 
 def test_the_report_says_when_the_generator_fell_behind_its_schedule():
-    results = [(i * MS, i * MS, i * MS + MS, 200, None, None) for i in range(100)]
+    results = [Result(i * MS, i * MS, i * MS + MS, 200, None, None) for i in range(100)]
     on_time = results_report(results, measure_from_ns=0, lags_ns=[100_000] * 100)
     late = results_report(results, measure_from_ns=0, lags_ns=[100_000] * 90 + [8 * MS] * 10)
     assert on_time.extra["generator"]["behind"] is False
@@ -173,7 +173,7 @@ def test_the_report_says_when_the_generator_fell_behind_its_schedule():
 def test_behind_a_proxy_the_gap_is_named_for_it_and_replicas_are_counted():
     a = b'infer;dur=5, total;dur=6, replica;desc="a", upstream;desc="ray serve proxy"'
     b = b'infer;dur=5, total;dur=6, replica;desc="b", upstream;desc="ray serve proxy"'
-    results = [(0, 0, 10 * MS, 200, a, None), (0, 0, 9 * MS, 200, a, None), (0, 0, 8 * MS, 200, b, None)]
+    results = [Result(0, 0, 10 * MS, 200, a, None), Result(0, 0, 9 * MS, 200, a, None), Result(0, 0, 8 * MS, 200, b, None)]
     rep = results_report(results, measure_from_ns=0)
     assert NETWORK not in rep.stages
     assert rep.stages[PROXY]["mean_ms"] == pytest.approx(3.0)  # (4 + 3 + 2) / 3
@@ -196,7 +196,7 @@ def test_the_live_line_merges_windows_and_counts_errors():
 @pytest.mark.parametrize("st", [b"a;dur=1e13", b"infer;dur=1e300, total;dur=1e300", b"db;dur=1e308, db;dur=1e308", b"a;dur=inf"])
 def test_a_server_timing_value_out_of_range_is_malformed_and_the_run_goes_on(st):
     ok = b"infer;dur=1, total;dur=1.5"
-    rep = results_report([(0, 0, 5 * MS, 200, st, None), (0, 0, 4 * MS, 200, ok, None)], measure_from_ns=0)
+    rep = results_report([Result(0, 0, 5 * MS, 200, st, None), Result(0, 0, 4 * MS, 200, ok, None)], measure_from_ns=0)
     assert rep.latency["count"] == 2  # both requests count: only the bad header is set aside
     assert rep.extra["server_timing"]["malformed"] == 1
     assert rep.stages["infer"]["count"] == 1 and rep.stages["infer"]["max_ms"] == 1
@@ -231,15 +231,43 @@ def test_server_timing_lines_are_joined_once_and_what_is_kept_is_capped():
     from servescope.loadgen import MAX_SERVER_TIMING_BYTES, OVERSIZED
 
     r = feed(response(b"a;dur=1", b"b;dur=2", b"total;dur=3"))
-    assert r[4] == b"a;dur=1, b;dur=2, total;dur=3"
+    assert r.server_timing == b"a;dur=1, b;dur=2, total;dur=3"
     # 20,000 lines (the old code rebuilt the joined value at each: quadratic), and one 1 MB line
     for data in (response(*[b"a;dur=0.001"] * 20_000), response(b"a;dur=0.001, " * 80_000 + b"b;dur=1")):
         r = feed(data)
-        assert r[3] == 200 and r[5] is None  # the request itself is fine: measured as usual
-        assert r[4] == OVERSIZED
+        assert r.status == 200 and r.error is None  # the request itself is fine: measured as usual
+        assert r.server_timing == OVERSIZED
     assert MAX_SERVER_TIMING_BYTES == 8192
     r = feed(response(b"a;dur=1" + b" " * 100), max_server_timing_bytes=64)
-    assert r[4] == OVERSIZED
-    rep = results_report([(0, 0, 5 * MS, 200, OVERSIZED, None)], measure_from_ns=0)
+    assert r.server_timing == OVERSIZED
+    rep = results_report([Result(0, 0, 5 * MS, 200, OVERSIZED, None)], measure_from_ns=0)
     assert rep.latency["count"] == 1
     assert rep.extra["server_timing"]["malformed"] == 1 and rep.extra["server_timing"]["too_large"] == 1
+
+
+def test_a_result_is_a_named_record_that_pickles_and_old_tuples_still_read():
+    import pickle
+
+    from servescope.loadgen import error_kind, ok_latencies_ms
+
+    r = feed(response(b"infer;dur=1"))
+    assert type(r) is Result and r.status == 200 and r.error is None and r.server_timing == b"infer;dur=1"
+    assert r.done_ns >= r.sent_ns >= r.scheduled_ns
+    assert pickle.loads(pickle.dumps(r)) == r  # results come back from Ray generators pickled
+    failed = Result(0, 0, MS, 0, None, "timeout")
+    assert error_kind(failed) == "timeout" and error_kind(Result(0, 0, MS, 503, None, None)) == "HTTP 503"
+    # open loop: latency counts from the schedule, even when the send was later
+    assert ok_latencies_ms([Result(0, 2 * MS, 5 * MS, 200, None, None), failed]) == [5.0]
+    as_tuples = [tuple(x) for x in stalled_open_loop()]
+    old, new = results_report(as_tuples, measure_from_ns=0), results_report(stalled_open_loop(), measure_from_ns=0)
+    assert old.latency == new.latency and old.extra == new.extra and old.latency["count"] == 300
+
+
+def test_the_generator_reports_progress_since_what_was_already_shown():
+    from servescope.loadgen import LoadGenerator
+
+    gen = LoadGenerator(Target.parse("http://127.0.0.1:1/"), [b"x"])
+    gen.results += [Result(0, 0, 2 * MS, 200, None, None), Result(0, 0, 1 * MS, 0, None, "timeout")]
+    assert gen.progress_since(0) == (2, 1, [2.0])
+    gen.results.append(Result(0, 0, 4 * MS, 200, None, None))
+    assert gen.progress_since(2) == (3, 0, [4.0])

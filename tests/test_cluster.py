@@ -14,7 +14,7 @@ from servescope.bench import BenchOptions
 from servescope.cli import main
 from servescope.cluster import _merge, connect, split_level
 from servescope.exceptions import ConfigError, MissingDependencyError, RecordError
-from servescope.loadgen import schedule
+from servescope.loadgen import Result, schedule
 from servescope.serve.ray_serve import StatsCollector
 
 MS = 1_000_000
@@ -37,7 +37,7 @@ def test_open_loop_schedules_interleave_into_the_single_generator_one():
 
 def _outcome(latencies_ms, node="n1"):
     return {
-        "results": [(0, 0, round(ms * MS), 200, b"infer;dur=1, total;dur=1", None) for ms in latencies_ms],
+        "results": [Result(0, 0, round(ms * MS), 200, b"infer;dur=1, total;dur=1", None) for ms in latencies_ms],
         "until": 10_000 * MS,
         "lags": [],
         "cpu_s": 0.01,

@@ -125,17 +125,19 @@ def results_report(
     Latency counts from the earlier of the scheduled and the actual send time (coordinated
     omission corrected: equal to the send time in closed loop); ``uncorrected`` from the send.
     Stages come from each response's Server-Timing; ``network+client`` is what the client saw
-    beyond the server's total.
+    beyond the server's total. Plain 6-tuples in ``Result``'s field order (the form before
+    ``Result`` had names) are read as Results.
     """
+    results = [r if type(r) is Result else Result(*r) for r in results]
     rec = Recorder(keep_samples=0)
     uncorrected = Distribution()
-    measured = [r for r in results if r[0] >= measure_from_ns]
+    measured = [r for r in results if r.scheduled_ns >= measure_from_ns]
     with_timing = 0
     bad_timing = 0
     too_large = 0
     replicas: dict[str, int] = {}
     for result in measured:
-        sched, sent, done, status, st, _ = result
+        sched, sent, done, st = result.scheduled_ns, result.sent_ns, result.done_ns, result.server_timing
         start = sched if sched < sent else sent
         latency = (done - start) / 1e6
         kind = error_kind(result)
@@ -173,7 +175,7 @@ def results_report(
     if first_ms is not None:
         report.latency["first_ms"] = round(first_ms, 4)
     ok = report.latency["count"]
-    end = measure_until_ns or max((r[2] for r in measured), default=measure_from_ns)
+    end = measure_until_ns or max((r.done_ns for r in measured), default=measure_from_ns)
     window_s = max((end - measure_from_ns) / 1e9, 1e-9)
     report.extra["throughput_rps"] = round(ok / window_s, 2) if measured else 0.0
     report.extra["requests"] = {"measured": len(measured), "ok": ok, "warmup": len(results) - len(measured)}
@@ -206,8 +208,7 @@ async def first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float 
     if not results:
         return None, "no response"
     r = results[0]
-    kind = error_kind(r)
-    return (r[2] - r[1]) / 1e6, kind
+    return (r.done_ns - r.sent_ns) / 1e6, error_kind(r)
 
 
 async def run_level(

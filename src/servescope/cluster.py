@@ -29,7 +29,7 @@ from .bench import (
     run_level,
 )
 from .exceptions import ConfigError, require
-from .loadgen import Result, ok_latencies_ms
+from .loadgen import Result
 from .report import Report
 
 __all__ = ["connect", "run_bench_ray", "split_level"]
@@ -145,7 +145,8 @@ class LoadGeneratorActor:
         finally:
             self.loop = None
             loop.close()
-        shifted = [(s - measure_from, t - measure_from, d - measure_from, code, st, err) for s, t, d, code, st, err in results]
+        m = measure_from
+        shifted = [Result(r.scheduled_ns - m, r.sent_ns - m, r.done_ns - m, r.status, r.server_timing, r.error) for r in results]
         return {
             "results": shifted,
             "until": None if until is None else until - measure_from,
@@ -161,12 +162,9 @@ class LoadGeneratorActor:
         gen = self.state.get("gen")
         if gen is None:
             return self.seen, 0, []
-        results = gen.results
-        n = len(results)
-        window = results[self.seen : n]
+        n, errors, ok = gen.progress_since(self.seen)
         self.seen = n
-        ok = ok_latencies_ms(window)
-        return n, len(window) - len(ok), ok
+        return n, errors, ok
 
     def stop(self) -> None:
         gen, loop = self.state.get("gen"), self.loop

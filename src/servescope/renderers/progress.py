@@ -9,8 +9,6 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..loadgen import ok_latencies_ms
-
 
 class BenchProgress:
     """Feeds a rich progress bar from the generator's results, four times a second."""
@@ -43,13 +41,10 @@ class BenchProgress:
         self.progress.__exit__(*exc)
 
     def tick(self, label: str, gen: Any) -> None:
-        """From a local load generator: what completed since the last tick."""
-        results = gen.results
-        n = len(results)
-        window = results[self._seen.get(label, 0) : n]
+        """From a local load generator (its ``progress_since``): what completed since the last tick."""
+        n, errors, ok = gen.progress_since(self._seen.get(label, 0))
         self._seen[label] = n
-        ok = ok_latencies_ms(window)
-        self.show(label, n, len(window) - len(ok), ok)
+        self.show(label, n, errors, ok)
 
     def show(self, label: str, requests: int, new_errors: int, ok_ms: list[float]) -> None:
         """``requests`` done so far, and since the last call: ``new_errors`` and the latencies
