@@ -82,3 +82,121 @@ def test_report_fetches_over_http_only(capsys):
     assert main(["report", "ftp://127.0.0.1/report"]) == 2
     err = capsys.readouterr().err
     assert "only http:// and https:// URLs are fetched" in err and len(err.strip().splitlines()) == 1
+
+
+# -- one command line: the reference, the shared flags, the old spellings ---------------------
+
+from pathlib import Path  # noqa: E402
+
+from servescope.cli import build_parser  # noqa: E402
+from servescope.cli.reference import markdown  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_cli_reference_is_the_parser():
+    assert (ROOT / "docs" / "cli.md").read_text() == markdown(), "regenerate: python -m servescope.cli.reference > docs/cli.md"
+
+
+def _flags_of(command: str) -> set[str]:
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    return {s for a in sub.choices[command]._actions for s in a.option_strings}
+
+
+def test_every_flag_the_readme_shows_exists():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    shown = re.findall(r"servescope (doctor|bench|serve|instrument|report|compare|demo)\b([^`\n]*)", readme)
+    assert len(shown) >= 10
+    for command, rest in shown:
+        for flag in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", rest):
+            assert flag in _flags_of(command), f"README shows `servescope {command} ... {flag}`, which the parser lacks"
+
+
+def test_a_shared_flag_means_the_same_in_every_command():
+    for flag in ("--body", "--timeout", "--json", "--html", "--requests", "--concurrency"):
+        helps = {}
+        for command in ("doctor", "bench"):
+            sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+            [action] = [a for a in sub.choices[command]._actions if flag in a.option_strings]
+            # the same spellings and the same kind of value (bench sweeps a list of levels, the
+            # doctor runs one; bench cycles several bodies, the doctor sends one)
+            helps[command] = (action.option_strings, action.metavar.split("[")[0])
+        assert helps["doctor"] == helps["bench"], flag
+
+
+def test_old_spellings_still_work_and_name_the_new_one(tmp_path, capsys):
+    body = tmp_path / "p.json"
+    body.write_text("{}")
+    assert exit_code(["doctor", "nope.py:predict", "--payload", str(body)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "servescope: --payload is deprecated and will be removed: use --body"
+    assert "nope.py" in err[1] and "does not exist" in err[1]  # it got as far as the target: the body was read
+    assert exit_code(["serve", "nope.py:M", "--ray-address", "auto"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "use --ray ADDRESS" in err[0] and err[1] == "servescope: error: --ray-address goes with --ray"
+
+
+def test_json_without_a_file_goes_to_stdout_and_the_table_to_stderr(tmp_path, clock):
+    from servescope import Recorder, WallClock, stage, trace
+
+    rec = Recorder()
+    with trace(clock=WallClock(clock.now), recorder=rec):
+        with stage("infer"):
+            clock.advance(2)
+    path = rec.report(title="saved").save(tmp_path / "r.json")
+    p = run("report", str(path), "--json", "-", "--html", str(tmp_path / "r.html"))
+    assert json.loads(p.stdout)["latency"]["count"] == 1  # stdout is the JSON alone
+    assert (tmp_path / "r.html").read_text().startswith("<!doctype html>")
+
+
+# -- report --diagnose: today's rules on a saved run, offline -----------------------------------
+
+
+def _doctor_report(tmp_path):
+    import torch
+
+    from servescope.doctor import DoctorOptions, diagnose
+
+    def predict(payload):  # the model built again on every request
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)).eval()
+        with torch.inference_mode():
+            return model(torch.ones(1, 64)).tolist()
+
+    rep = diagnose(predict, payload={}, options=DoctorOptions(requests=5, concurrency=2, concurrent_requests=4, timeout_s=5.0))
+    assert "model-load-per-request" in {f.id for f in rep.findings}
+    return rep
+
+
+def test_report_diagnose_runs_the_rules_again_on_the_saved_evidence(tmp_path):
+    rep = _doctor_report(tmp_path)
+    saved = json.loads(rep.to_json())
+    ids = {f["id"] for f in saved["findings"]}
+    saved["findings"] = []  # as a report saved by an older servescope, before a rule existed
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps(saved))
+    p = run("report", str(path), "--diagnose", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    assert {f["id"] for f in json.loads(p.stdout)["findings"]} == ids
+    gate = run("report", str(path), "--diagnose", "--fail-on", "info", "--json", str(tmp_path / "again.json"))
+    assert gate.returncode == 1 and "model-load-per-request" in gate.stdout
+
+
+def test_report_diagnose_says_why_it_cannot(tmp_path, clock, capsys):
+    from servescope import Recorder, WallClock, stage, trace
+
+    rec = Recorder()
+    with trace(clock=WallClock(clock.now), recorder=rec):
+        with stage("infer"):
+            clock.advance(2)
+    bench = rec.report(title="a bench run").save(tmp_path / "bench.json")
+    assert main(["report", str(bench), "--diagnose"]) == 2
+    err = capsys.readouterr().err
+    assert "no doctor evidence" in err and "servescope doctor" in err and len(err.strip().splitlines()) == 1
+    undiagnosed = json.loads(bench.read_text())
+    undiagnosed["verdict"] = {"diagnosed": False, "reason": "every request failed (HTTP 404)"}
+    path = tmp_path / "undiagnosed.json"
+    path.write_text(json.dumps(undiagnosed))
+    assert main(["report", str(path), "--diagnose"]) == 3  # never a clean bill for a run that measured nothing
+    assert main(["report", str(bench), "--fail-on", "high"]) == 2  # --fail-on judges findings: it needs --diagnose

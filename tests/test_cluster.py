@@ -111,7 +111,7 @@ def test_without_ray_installed_the_error_names_the_extra(monkeypatch):
     "argv, message",
     [
         (["bench", "http://127.0.0.1:9/", "--generators", "2"], "--generators goes with --ray"),
-        (["serve", "examples/mlp_serve.py:MLP", "--replicas", "2"], "--replicas and --ray-address go with --ray"),
+        (["serve", "examples/mlp_serve.py:MLP", "--replicas", "2"], "--replicas goes with --ray"),
     ],
 )
 def test_ray_options_without_ray_are_refused(argv, message, capsys):

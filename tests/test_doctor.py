@@ -66,14 +66,14 @@ def test_bad_targets_and_payloads_are_one_line_and_exit_2(tmp_path, capsys, targ
     payload = tmp_path / "payload.json"
     payload.write_text(payload_text)
     target = target.format(file=good, broken=broken)
-    assert exit_code(["doctor", target, "--payload", str(payload)]) == 2
+    assert exit_code(["doctor", target, "--body", str(payload)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_missing_payload_is_one_line(tmp_path, capsys):
     assert exit_code(["doctor", "x.py:f"]) == 2
-    assert "--payload" in capsys.readouterr().err
+    assert "--body" in capsys.readouterr().err
 
 
 # -- the verdict, the probes' manners ---------------------------------------------------------

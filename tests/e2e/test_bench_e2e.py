@@ -100,7 +100,7 @@ def test_doctor_url_checks_a_running_endpoint_from_outside(test_server, tmp_path
     payload.write_text('{"x": 1}')
     out = tmp_path / "d.json"
     p = subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", "--url", f"{test_server}/delay", "--payload", str(payload), "--requests", "10", "--json", str(out)],
+        [sys.executable, "-m", "servescope", "doctor", "--url", f"{test_server}/delay", "--body", str(payload), "--requests", "10", "--json", str(out)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
@@ -117,7 +117,7 @@ def test_doctor_url_on_an_endpoint_that_fails_could_not_diagnose(test_server, tm
     payload.write_text('{"x": 1}')
     out = tmp_path / "d.json"
     p = subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", "--url", f"{test_server}/error", "--payload", str(payload), "--requests", "5",
+        [sys.executable, "-m", "servescope", "doctor", "--url", f"{test_server}/error", "--body", str(payload), "--requests", "5",
          "--json", str(out), "--fail-on", "info"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -130,5 +130,5 @@ def test_doctor_needs_a_target_or_a_url_not_both(tmp_path):
     payload = tmp_path / "p.json"
     payload.write_text("{}")
     for args in ([], ["x.py:f", "--url", "http://127.0.0.1:9/"]):
-        p = subprocess.run([sys.executable, "-m", "servescope", "doctor", *args, "--payload", str(payload)], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([sys.executable, "-m", "servescope", "doctor", *args, "--body", str(payload)], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and "TARGET" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -58,7 +58,7 @@ ARGS = {
 def doctor(target: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     payload, path = ARGS.get(target, ("x256.json", "/predict"))
     return subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", str(GALLERY / target), "--payload", str(GALLERY / payload), "--path", path,
+        [sys.executable, "-m", "servescope", "doctor", str(GALLERY / target), "--body", str(GALLERY / payload), "--path", path,
          "--requests", "15", *extra],
         capture_output=True, text=True, timeout=180, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip

@@ -23,7 +23,7 @@ def doctor(target: str, tmp_path: Path, *extra: str, payload: str = '{"x": [1, 2
     out = tmp_path / "report.json"
     t0 = time.monotonic()
     p = subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", str(HERE / target), "--payload", str(tmp_path / "p.json"),
+        [sys.executable, "-m", "servescope", "doctor", str(HERE / target), "--body", str(tmp_path / "p.json"),
          "--requests", "5", "--json", str(out), *extra],
         capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
     )  # fmt: skip
@@ -50,7 +50,7 @@ def test_an_app_without_the_route_is_not_called_healthy_and_gets_the_right_path(
 def test_a_payload_the_endpoint_rejects_is_not_called_healthy(tmp_path):
     p, rep, _ = doctor("apps.py:strict", tmp_path)
     assert p.returncode == 3 and "Could not diagnose" in p.stdout
-    assert "HTTP 422" in rep["verdict"]["failures"] and "--payload" in rep["verdict"]["hint"]
+    assert "HTTP 422" in rep["verdict"]["failures"] and "--body" in rep["verdict"]["hint"]
 
 
 @pytest.mark.parametrize("target", ["apps.py:never", "hostile.py:hangs"])
@@ -105,7 +105,7 @@ def test_requests_abandoned_mid_forward_are_timeouts_not_a_clean_bill(tmp_path):
 def test_ctrl_c_ends_the_run_and_its_children_within_a_second(tmp_path):
     (tmp_path / "p.json").write_text("{}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servescope", "doctor", str(HERE / "hostile.py:hangs"), "--payload", str(tmp_path / "p.json")],
+        [sys.executable, "-m", "servescope", "doctor", str(HERE / "hostile.py:hangs"), "--body", str(tmp_path / "p.json")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
@@ -127,7 +127,7 @@ def test_a_huge_payload_is_refused_in_one_line(tmp_path):
         f.write("a" * (200 * 1024 * 1024))
         f.write('"}')
     p = subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", str(HERE / "hostile.py:hangs"), "--payload", str(big)],
+        [sys.executable, "-m", "servescope", "doctor", str(HERE / "hostile.py:hangs"), "--body", str(big)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert p.returncode == 2 and "200 MB" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -17,6 +17,8 @@ worse), 1 a finding at ``--fail-on`` or worse, 2 bad arguments, 3 could not diag
 
 from __future__ import annotations
 
+from typing import Any
+
 from .evidence import Evidence, MissingEvidence
 from .run import DoctorOptions, Verdict, diagnose
 from .url import diagnose_url
@@ -32,6 +34,22 @@ __all__ = [
     "Verdict",
     "diagnose",
     "diagnose_url",
+    "exit_status",
 ]
 
 EXIT_DIAGNOSED, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNDIAGNOSED = 0, 1, 2, 3
+
+
+def exit_status(report: Any, fail_on: str | None = None) -> int:
+    """The doctor's exit status for ``report``: 3 when it could not diagnose (whatever
+    ``fail_on`` says), 1 when a finding is at ``fail_on`` or worse, else 0."""
+    from ..report import SEVERITIES
+
+    verdict = report.extra.get("verdict") or {}
+    if not verdict.get("diagnosed", True):
+        return EXIT_UNDIAGNOSED
+    if fail_on is not None:
+        worst = SEVERITIES.index(fail_on)
+        if any(SEVERITIES.index(f.severity) <= worst for f in report.findings):
+            return EXIT_FINDINGS
+    return EXIT_DIAGNOSED

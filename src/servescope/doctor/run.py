@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..environment import available_cpus, idle_cpu_seconds
-from ..exceptions import EndpointError
+from ..exceptions import ConfigError, EndpointError
 from ..recorder import Recorder
 from ..report import Report
 from .attribution import split_other, stage_windows
@@ -50,15 +50,37 @@ from .targets import UNFINISHED, Observation, Target, make_target, payload_bytes
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DoctorOptions:
+    """How hard the doctor examines an endpoint. Keyword-only, validated at construction.
+
+    ``requests`` warm requests one at a time (at least 3), then ``concurrent_requests`` from
+    ``concurrency`` callers at once (default: six each, at least 24), each request at most
+    ``timeout_s``; ``path`` is the route an app is sent to."""
+
     path: str = "/predict"
     requests: int = 30
     concurrency: int = 8
-    concurrent_requests: int = 48
+    concurrent_requests: int | None = None
     timeout_s: float = 30.0
     max_seconds: float = 40.0
     batch_probe: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.startswith("/"):
+            raise ConfigError(f"path must start with '/', got {self.path!r}")
+        if not isinstance(self.requests, int) or self.requests < MIN_OK_REQUESTS:
+            raise ConfigError(f"requests must be a whole number >= {MIN_OK_REQUESTS}, got {self.requests!r}")
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ConfigError(f"concurrency must be a whole number >= 1, got {self.concurrency!r}")
+        if self.concurrent_requests is None:
+            self.concurrent_requests = max(self.concurrency * 6, 24)
+        elif not isinstance(self.concurrent_requests, int) or self.concurrent_requests < 1:
+            raise ConfigError(f"concurrent_requests must be a whole number >= 1, got {self.concurrent_requests!r}")
+        for name in ("timeout_s", "max_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 @dataclass
@@ -441,7 +463,7 @@ class _Run:
             else:
                 v.hint = f"the app has no POST route at {self.options.path}; its routes are listed above"
         elif 422 in statuses or 400 in statuses:
-            v.hint = "the app rejected the payload: make --payload a body the endpoint accepts"
+            v.hint = "the app rejected the payload: make --body a request the endpoint accepts"
         return v
 
     def report(self, target_name: str) -> Report:

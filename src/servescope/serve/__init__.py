@@ -22,9 +22,27 @@ from typing import Any
 from .app import ServeApp
 from .model import Model
 
-__all__ = ["Model", "ServeApp", "serve"]
+__all__ = ["Model", "ServeApp", "as_app", "serve"]
 
 
 def serve(model: Model, **options: Any) -> ServeApp:
     """The ASGI app serving ``model``; options as ``ServeApp`` (keyword-only, validated now)."""
     return ServeApp(model, **options)
+
+
+def as_app(obj: Any, *, name: str = "", **options: Any) -> ServeApp:
+    """What ``servescope serve path:NAME`` serves: a ``Model`` subclass (built with no
+    arguments), a ``Model`` instance (served with ``options``) or a ``serve()`` app (as it is:
+    its options were set where it was made)."""
+    from ..exceptions import ConfigError
+
+    name = name or type(obj).__name__
+    if isinstance(obj, type) and issubclass(obj, Model):
+        obj = obj()
+    if isinstance(obj, Model):
+        return serve(obj, **options)
+    if isinstance(obj, ServeApp):
+        if options:
+            raise ConfigError(f"{name} is already a serve() app: set its options in the file, not here")
+        return obj
+    raise ConfigError(f"{name} is {type(obj).__name__}, not a servescope.Model subclass or a serve() app")

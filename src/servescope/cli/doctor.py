@@ -1,0 +1,64 @@
+"""``servescope doctor TARGET``: name the causes of a slow endpoint, with evidence and the fix."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from . import common
+from .common import positive_int
+
+NAME = "doctor"
+HELP = "name the causes of a slow endpoint, with evidence and the fix"
+EPILOG = (
+    "exit status: 0 diagnosed, 1 a finding at --fail-on or worse, 2 bad arguments, 3 could not diagnose "
+    "(the requests failed, hung or ended the process)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app)")
+    parser.add_argument("--url", help="an endpoint already running: only the checks that work from outside")
+    common.add_body(parser, many=False, old="--payload")
+    parser.add_argument("--path", default="/predict", help="the route to POST to, for apps (default /predict)")
+    common.add_requests(parser, default=30, low=3, what="sequential warm requests (default 30, at least 3)")
+    parser.add_argument("-c", "--concurrency", metavar="N", type=positive_int, default=8, help="requests in flight in the concurrent phase (default 8)")
+    common.add_timeout(parser, default=30.0)
+    common.add_fail_on(parser)
+    common.add_outputs(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from ..doctor import DoctorOptions, exit_status
+    from ..exceptions import ConfigError
+    from ..payload import MAX_DOCTOR_BYTES, read_json
+    from ..renderers.terminal import render_terminal
+
+    if not args.body:
+        raise ConfigError("give --body FILE: the JSON request body to send (a handler gets it parsed)")
+    payload = read_json(args.body, max_bytes=MAX_DOCTOR_BYTES, why="the doctor sends it dozens of times, concurrently")
+    if (args.target is None) == (args.url is None):
+        raise ConfigError("give a TARGET (path/to/file.py:name) or --url URL, not both")
+    options = DoctorOptions(path=args.path, requests=args.requests, concurrency=args.concurrency, timeout_s=args.timeout)
+    out = common.table_console(args, console)
+    if args.url:
+        from ..doctor import diagnose_url
+
+        with out.status(f"servescope doctor --url {args.url}"):
+            report = diagnose_url(args.url, payload=payload, options=options)
+    else:
+        from ..doctor.isolate import diagnose_isolated
+        from ..loader import check_target_spec
+
+        check_target_spec(args.target)
+        with out.status("servescope doctor: starting") as status:
+            report = diagnose_isolated(
+                args.target,
+                payload_path=args.body,
+                options=options,
+                progress=lambda phase, frac: status.update(f"servescope doctor: {phase}"),
+            )
+    render_terminal(report, console=out)
+    common.write_outputs(report, args, out)
+    return exit_status(report, args.fail_on)

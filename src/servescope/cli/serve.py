@@ -1,0 +1,74 @@
+"""``servescope serve TARGET``: serve a ``servescope.Model`` with the fixes built in."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from . import common
+from .common import duration, positive_int
+
+NAME = "serve"
+HELP = "serve a servescope.Model with batching, warm-up and Server-Timing"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="path/to/file.py:ModelClass (or an instance, or a serve() app)")
+    common.add_listen(parser)
+    parser.add_argument("--max-batch-size", metavar="N", type=positive_int, default=None, help="largest batch (default 8)")
+    parser.add_argument("--max-wait-ms", metavar="MS", type=float, default=None, help="extra wait for a batch to fill (default 0)")
+    parser.add_argument("--max-queue", metavar="N", type=positive_int, default=None, help="queued requests before 503 (default 256)")
+    parser.add_argument("--timeout", metavar="DURATION", type=duration, default=None, help="per-request deadline, 504 after (default 30s)")
+    parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
+    parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
+    parser.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
+    common.add_ray(parser, "deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")
+    parser.add_argument("--replicas", metavar="N", type=positive_int, default=None, help="with --ray: replicas (default 1)")
+    parser.add_argument("--ray-address", dest="ray_address", action=common.Deprecated, new="--ray ADDRESS", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    import logging
+
+    import uvicorn
+
+    from ..exceptions import ConfigError
+    from ..loader import load_target
+    from ..serve import Model, as_app
+
+    if args.ray_address is not None:  # the old spelling: --ray --ray-address ADDRESS
+        if args.ray is None:
+            raise ConfigError("--ray-address goes with --ray")
+        args.ray = args.ray_address
+    if args.ray is None and args.replicas is not None:
+        raise ConfigError("--replicas goes with --ray")
+    obj = load_target(args.target)
+    options = {
+        k: v
+        for k, v in {
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": args.max_wait_ms,
+            "max_queue": args.max_queue,
+            "timeout_s": args.timeout,
+            "device": args.device,
+            "threads": args.threads,
+            "debug_errors": args.debug_errors,
+        }.items()
+        if v is not None
+    }
+    if args.ray is not None:
+        from ..serve.ray_serve import run as run_on_ray
+
+        model = obj() if isinstance(obj, type) and issubclass(obj, Model) else obj
+        if not isinstance(model, Model):
+            raise ConfigError("--ray deploys a servescope.Model (each replica builds its own app): point at the Model class")
+        run_on_ray(model, replicas=args.replicas or 1, host=args.host, port=args.port, address=args.ray, **options)
+        return 0
+    app = as_app(obj, name=args.target, **options)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("servescope").setLevel(logging.INFO)
+    sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} (loading...)\n")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+    return 0
