@@ -9,7 +9,7 @@ from servescope.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_du
 from servescope.exceptions import ConfigError
 from servescope.loadgen import Result, Target, build_requests, schedule
 from servescope.renderers.html import render_html
-from servescope.renderers.sweep import saturation
+from servescope.sweep import saturation
 
 MS = 1_000_000
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from servescope import Recorder
-from servescope.compare import compare, rank_sum_z
+from servescope.compare import Change, Comparison, compare, rank_sum_z
 from servescope.renderers.compare import render_compare
 from rich.console import Console
 
@@ -23,15 +23,15 @@ def report(infer_ms: float, n: int = 200, seed: int = 0, tput: float | None = No
 def test_a_real_change_is_beyond_noise_and_a_rerun_is_not():
     before, after, again = report(10.0, seed=1, tput=100), report(5.0, seed=2, tput=190), report(10.0, seed=3, tput=101)
     table = compare(before, after)
-    p50 = table["summary"][0]
-    assert p50["metric"] == "p50 latency ms" and p50["significant"] is True and p50["better"] is True
-    assert p50["ratio"] == pytest.approx(6 / 11, rel=0.05)
-    infer = next(r for r in table["stages"] if r["metric"] == "infer")
-    assert infer["significant"] is True
+    p50 = table.summary[0]
+    assert p50.metric == "p50 latency ms" and p50.significant is True and p50.better is True
+    assert p50.ratio == pytest.approx(6 / 11, rel=0.05)
+    infer = next(r for r in table.stages if r.metric == "infer")
+    assert infer.significant is True
     same = compare(before, again)
-    assert same["summary"][0]["significant"] is False
-    tput = next(r for r in table["summary"] if r["metric"] == "throughput req/s")
-    assert tput["ratio"] == pytest.approx(1.9)
+    assert same.summary[0].significant is False
+    tput = next(r for r in table.summary if r.metric == "throughput req/s")
+    assert tput.ratio == pytest.approx(1.9)
 
 
 def test_rank_sum_matches_the_textbook_case():
@@ -45,7 +45,7 @@ def test_without_samples_significance_is_unknown_not_invented():
     before, after = report(10.0), report(5.0)
     before.distributions = {}
     table = compare(before, after)
-    assert table["summary"][0]["significant"] is None
+    assert table.summary[0].significant is None
 
 
 def test_the_table_renders():
@@ -68,3 +68,38 @@ def test_stage_names_from_the_reports_print_as_plain_text():
     render_compare(compare(*reports), console=console)  # '[/]' raised MarkupError
     out = console.file.getvalue()
     assert "[/][2J (mean ms)" in out and "[link=http://x]y[/link]" in out and "\x1b[2J" not in out
+
+
+def test_a_comparison_is_a_value_with_its_reports_and_the_old_dict_form():
+    before, after = report(10.0, seed=1), report(5.0, seed=2)
+    table = compare(before, after)
+    assert isinstance(table, Comparison) and table.before is before and table.after is after
+    assert [c.metric for c in table.stages] == ["infer", "serialize"]
+    assert all(isinstance(c, Change) for c in (*table.summary, *table.stages))
+    old = table.to_dict()  # what compare() returned before: plain data
+    assert old["before"] == "infer 10.0" and old["after"] == "infer 5.0"
+    assert old["summary"][0] == {"metric": "p50 latency ms", "before": table.summary[0].before, "after": table.summary[0].after,
+                                 "ratio": table.summary[0].ratio, "significant": True, "better": True}
+    with pytest.warns(DeprecationWarning, match=r"comparison\.summary"):
+        assert table["summary"] == old["summary"]  # scripts that read it as a dict keep working, warned
+
+
+def test_the_comparison_renderers_share_one_shape_and_the_wrappers_match_them():
+    import io
+
+    from servescope.renderers import ComparisonHTMLRenderer, ComparisonRenderer
+    from servescope.renderers.html import render_comparison_html
+
+    before, after = report(10.0, seed=1), report(5.0, seed=2)
+    table = compare(before, after)
+    text = ComparisonRenderer(before="FastAPI", after="serve").render(table)  # no console: text only
+    assert "FastAPI" in text and "model inference (mean ms)" in text and "2.0x faster" in text
+    console = Console(file=io.StringIO(), width=110)
+    render_compare(table, console=console, before="FastAPI", after="serve")
+    assert console.file.getvalue() == text
+    page = ComparisonHTMLRenderer().render(table)
+    assert page == render_comparison_html(before, after, table)
+    assert "<td>p50 latency ms</td>" in page and "<td>model inference (mean ms)</td>" in page
+    assert page.count("<h2>infer 10.0</h2>") == 1 and page.count("<h2>infer 5.0</h2>") == 1
+    doctor = report(10.0)
+    assert "servescope doctor on the slow service" in ComparisonHTMLRenderer(doctor=doctor).render(table)

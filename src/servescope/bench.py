@@ -27,9 +27,10 @@ from .recorder import Recorder
 from .report import Report
 from .servertiming import server_timing_durations
 from .stats import Distribution, summarize
+from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
 from .timing import OTHER
 
-__all__ = ["BenchOptions", "parse_duration", "run_bench", "results_report"]
+__all__ = ["BenchOptions", "parse_duration", "run_bench", "results_report", "saturation", "sweep_summary"]
 
 #: The stage that holds what the server's own timing does not: the network, the client,
 #: and the server outside its stages before they started (accept, parsing).
@@ -333,22 +334,3 @@ def fast_loop() -> Callable[[], asyncio.AbstractEventLoop]:
         return uvloop.new_event_loop
     except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard] on Linux/macOS
         return asyncio.new_event_loop
-
-
-def sweep_summary(reports: list[Report]) -> list[dict[str, Any]]:
-    """One row per level: the throughput-latency curve."""
-    rows = []
-    for rep in reports:
-        meta = rep.meta
-        rows.append(
-            {
-                "level": meta.get("concurrency", meta.get("rate")),
-                "mode": "concurrency" if "concurrency" in meta else "rate",
-                "throughput_rps": rep.extra.get("throughput_rps"),
-                "p50_ms": rep.latency.get("p50_ms"),
-                "p95_ms": rep.latency.get("p95_ms"),
-                "p99_ms": rep.latency.get("p99_ms"),
-                "errors": sum(rep.errors.values()),
-            }
-        )
-    return rows

@@ -1,15 +1,20 @@
 """Before and after: two reports side by side, and whether each change beats the noise.
 
-    table = compare(Report.load("before.json"), Report.load("after.json"))
+    comparison = compare(Report.load("before.json"), Report.load("after.json"))
+    p50 = comparison.summary[0]          # Change(metric="p50 latency ms", before=..., after=..., ...)
+    print(ComparisonRenderer().render(comparison))
 
-Each row has the figure before and after, the ratio, and ``significant``: a Mann-Whitney
-rank-sum test on the two runs' samples (|z| > 3, about p < 0.003), when both reports kept
-their samples; ``None`` when they did not (a sketch or a hand-made report).
+Each ``Change`` has the figure before and after, the ratio, and ``significant``: a
+Mann-Whitney rank-sum test on the two runs' samples (|z| > 3, about p < 0.003), when both
+reports kept their samples; ``None`` when they did not (a sketch or a hand-made report).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,7 +22,7 @@ import numpy as np
 from .report import Report
 from .stats import Distribution
 
-__all__ = ["compare", "rank_sum_z"]
+__all__ = ["Change", "Comparison", "compare", "rank_sum_z"]
 
 
 def rank_sum_z(a: np.ndarray, b: np.ndarray) -> float:
@@ -48,16 +53,58 @@ def _significant(a: Distribution | None, b: Distribution | None) -> bool | None:
     return None if math.isnan(z) else bool(abs(z) > 3)
 
 
-def _row(name: str, before: Any, after: Any, significant: bool | None, *, higher_is_better: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Change:
+    """One figure before and after: ``ratio`` is after / before (None without both);
+    ``significant`` whether the change beats the noise (None: no samples to tell);
+    ``better`` True or False only for a significant change."""
+
+    metric: str
+    before: float | None
+    after: float | None
+    ratio: float | None
+    significant: bool | None
+    better: bool | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two reports side by side: end-to-end figures (latency percentiles, throughput) in
+    ``summary``, each stage's mean in ``stages`` (stages of either report, in order)."""
+
+    before: Report
+    after: Report
+    summary: tuple[Change, ...]
+    stages: tuple[Change, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table as plain data (the form ``compare()`` returned before ``Comparison``)."""
+        return {
+            "summary": [dataclasses.asdict(c) for c in self.summary],
+            "stages": [dataclasses.asdict(c) for c in self.stages],
+            "before": self.before.meta.get("title"),
+            "after": self.after.meta.get("title"),
+        }
+
+    def __getitem__(self, key: str) -> Any:
+        warnings.warn(
+            f"compare() returns a Comparison, not a dict: use comparison.{key} (or .to_dict()[{key!r}])",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.to_dict()[key]
+
+
+def _row(name: str, before: Any, after: Any, significant: bool | None, *, higher_is_better: bool = False) -> Change:
     ratio = after / before if before and after is not None else None
     better = None
     if ratio is not None and significant:
         better = ratio > 1 if higher_is_better else ratio < 1
-    return {"metric": name, "before": before, "after": after, "ratio": None if ratio is None else round(ratio, 3), "significant": significant, "better": better}
+    return Change(name, before, after, None if ratio is None else round(ratio, 3), significant, better)
 
 
-def compare(before: Report, after: Report) -> dict[str, Any]:
-    """Rows for end-to-end latency, throughput and each stage's mean."""
+def compare(before: Report, after: Report) -> Comparison:
+    """End-to-end latency, throughput and each stage's mean, before and after."""
     tb, ta = before.distributions.get("total"), after.distributions.get("total")
     sig = _significant(tb, ta)
     rows = [_row(f"{k} latency ms", before.latency.get(f"{k}_ms"), after.latency.get(f"{k}_ms"), sig) for k in ("p50", "p95", "p99", "mean")]
@@ -70,4 +117,4 @@ def compare(before: Report, after: Report) -> dict[str, Any]:
         mb = (before.stages.get(name) or {}).get("mean_ms")
         ma = (after.stages.get(name) or {}).get("mean_ms")
         stages.append(_row(name, mb, ma, _significant(sb.get(name), sa.get(name))))
-    return {"summary": rows, "stages": stages, "before": before.meta.get("title"), "after": after.meta.get("title")}
+    return Comparison(before, after, tuple(rows), tuple(stages))

@@ -8,7 +8,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..compare import Change, Comparison
+from .base import console_text
 from .terminal import MAX_STAGES_SHOWN, plain, stage_label
+
+__all__ = ["ComparisonRenderer", "render_compare"]
 
 
 def _fmt(x: Any) -> str:
@@ -17,31 +21,53 @@ def _fmt(x: Any) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 0.1 else f"{x:.3f}"
 
 
-def _change(row: dict[str, Any]) -> str:
-    r = row["ratio"]
+def _change(row: Change) -> str:
+    r = row.ratio
     if r is None:
         return "-"
     if r == 0:
         return "gone"
-    return f"{1 / r:.1f}x faster" if r < 1 and "throughput" not in row["metric"] else f"x{r:.2f}"
+    return f"{1 / r:.1f}x faster" if r < 1 and "throughput" not in row.metric else f"x{r:.2f}"
 
 
-def render_compare(table: dict[str, Any], *, console: Console, before: str = "before", after: str = "after") -> None:
-    t = Table(title="Before / after", header_style="bold", show_edge=False)
-    for col in ("", before, after, "change", "beyond noise?"):
-        t.add_column(col, justify="right" if col else "left")
-    for row in table["summary"]:
-        t.add_row(row["metric"], _fmt(row["before"]), _fmt(row["after"]), _change(row), _sig(row))
-    t.add_section()
-    stages = table["stages"]
-    for row in stages[:MAX_STAGES_SHOWN]:  # names from the reports: plain text, never markup
-        name = Text(f"{plain(stage_label(row['metric']), one_line=True)} (mean ms)")
-        t.add_row(name, _fmt(row["before"]), _fmt(row["after"]), _change(row), _sig(row))
-    console.print(t)
-    if len(stages) > MAX_STAGES_SHOWN:
-        console.print(Text(f"{len(stages) - MAX_STAGES_SHOWN:,} more stages not shown", style="yellow"))
+class ComparisonRenderer:
+    """The before/after table of a ``Comparison``, its columns headed ``before`` and ``after``;
+    printed to ``console`` when one is given, and returned as plain text.
+
+        ComparisonRenderer(console=Console(), before="FastAPI", after="servescope.serve").render(compare(a, b))
+    """
+
+    def __init__(self, *, console: Console | None = None, before: str = "before", after: str = "after", width: int = 110) -> None:
+        self.console = console
+        self.before = before
+        self.after = after
+        self.width = width
+
+    def __repr__(self) -> str:
+        return f"ComparisonRenderer(console={self.console!r}, before={self.before!r}, after={self.after!r}, width={self.width})"
+
+    def render(self, comparison: Comparison) -> str:
+        t = Table(title="Before / after", header_style="bold", show_edge=False)
+        for col in ("", self.before, self.after, "change", "beyond noise?"):
+            t.add_column(col, justify="right" if col else "left")
+        for row in comparison.summary:
+            t.add_row(row.metric, _fmt(row.before), _fmt(row.after), _change(row), _sig(row))
+        t.add_section()
+        stages = comparison.stages
+        for row in stages[:MAX_STAGES_SHOWN]:  # names from the reports: plain text, never markup
+            name = Text(f"{plain(stage_label(row.metric), one_line=True)} (mean ms)")
+            t.add_row(name, _fmt(row.before), _fmt(row.after), _change(row), _sig(row))
+        parts: list[Any] = [t]
+        if len(stages) > MAX_STAGES_SHOWN:
+            parts.append(Text(f"{len(stages) - MAX_STAGES_SHOWN:,} more stages not shown", style="yellow"))
+        return console_text(parts, console=self.console, width=self.width)
 
 
-def _sig(row: dict[str, Any]) -> str:
-    s = row["significant"]
+def render_compare(table: Comparison, *, console: Console, before: str = "before", after: str = "after") -> None:
+    """``ComparisonRenderer(console=console, before=before, after=after).render(table)``, printed only."""
+    ComparisonRenderer(console=console, before=before, after=after).render(table)
+
+
+def _sig(row: Change) -> str:
+    s = row.significant
     return "n/a" if s is None else ("yes" if s else "no")

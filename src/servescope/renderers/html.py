@@ -6,14 +6,18 @@ be attached to a ticket.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..compare import Comparison
 from ..report import Report
 from .terminal import stage_label
+
+__all__ = ["ComparisonHTMLRenderer", "HTMLRenderer", "render_comparison_html", "render_html"]
 
 _COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
 _CSS = """
@@ -208,8 +212,52 @@ def _findings(rep: Report) -> str:
     return ("<h2>Findings</h2>" + "".join(out)) if out else ""
 
 
+class HTMLRenderer:
+    """The report as one self-contained HTML page; ``sweep`` (rows from
+    ``servescope.sweep.sweep_summary``) adds the throughput-latency curve.
+
+        Path("report.html").write_text(HTMLRenderer(sweep=rows).render(report))
+    """
+
+    def __init__(self, *, sweep: list[dict[str, Any]] | None = None) -> None:
+        self.sweep = sweep
+
+    def __repr__(self) -> str:
+        return f"HTMLRenderer(sweep={'None' if self.sweep is None else f'<{len(self.sweep)} levels>'})"
+
+    def render(self, report: Report) -> str:
+        return _page(report, self.sweep)
+
+
+class ComparisonHTMLRenderer:
+    """A ``Comparison`` on one page: the before/after table, both reports' breakdowns and
+    distributions, and (``doctor``) the doctor's findings on the slow one.
+
+        Path("compare.html").write_text(ComparisonHTMLRenderer().render(compare(before, after)))
+    """
+
+    def __init__(self, *, doctor: Report | None = None) -> None:
+        self.doctor = doctor
+
+    def __repr__(self) -> str:
+        return f"ComparisonHTMLRenderer(doctor={'None' if self.doctor is None else '<Report>'})"
+
+    def render(self, comparison: Comparison) -> str:
+        return _comparison_page(comparison, self.doctor)
+
+
 def render_html(report: Report, *, sweep: list[dict[str, Any]] | None = None) -> str:
-    """The report as one HTML page (string)."""
+    """``HTMLRenderer(sweep=sweep).render(report)``: the report as one HTML page."""
+    return HTMLRenderer(sweep=sweep).render(report)
+
+
+def render_comparison_html(before: Report, after: Report, table: Comparison, *, doctor: Report | None = None) -> str:
+    """``ComparisonHTMLRenderer(doctor=doctor).render(table)``, with ``before`` and ``after`` as
+    the reports shown."""
+    return ComparisonHTMLRenderer(doctor=doctor).render(dataclasses.replace(table, before=before, after=after))
+
+
+def _page(report: Report, sweep: list[dict[str, Any]] | None) -> str:
     title = html.escape(str(report.meta.get("title") or "servescope report"))
     env = report.environment or {}
     body = [
@@ -228,19 +276,19 @@ def render_html(report: Report, *, sweep: list[dict[str, Any]] | None = None) ->
     return f"<!doctype html><html><head><meta charset=utf-8><title>{title}</title><style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
 
 
-def render_comparison_html(before: Report, after: Report, table: dict[str, Any], *, doctor: Report | None = None) -> str:
-    """Before/after on one page: the table, both breakdowns and distributions, the doctor's findings."""
+def _comparison_page(comparison: Comparison, doctor: Report | None) -> str:
     rows = ["<table><tr><th></th><th>before</th><th>after</th><th>ratio</th><th>beyond noise?</th></tr>"]
-    for row in [*table["summary"], *table["stages"]]:
-        sig = "n/a" if row["significant"] is None else ("yes" if row["significant"] else "no")
-        label = row["metric"] if row in table["summary"] else stage_label(row["metric"]) + " (mean ms)"
+    labelled = [(row.metric, row) for row in comparison.summary]
+    labelled += [(stage_label(row.metric) + " (mean ms)", row) for row in comparison.stages]
+    for label, row in labelled:
+        sig = "n/a" if row.significant is None else ("yes" if row.significant else "no")
         rows.append(
-            f"<tr><td>{html.escape(label)}</td><td>{_f(row['before'])}</td><td>{_f(row['after'])}</td>"
-            f"<td>{_f(row['ratio'], 3)}</td><td>{sig}</td></tr>"
+            f"<tr><td>{html.escape(label)}</td><td>{_f(row.before)}</td><td>{_f(row.after)}</td>"
+            f"<td>{_f(row.ratio, 3)}</td><td>{sig}</td></tr>"
         )
     rows.append("</table>")
     both = []
-    for rep in (before, after):
+    for rep in (comparison.before, comparison.after):
         both += [f"<h2>{html.escape(str(rep.meta.get('title', '')))}</h2>", _headline(rep), _stacked_bar(rep), _stage_table(rep), _distribution(rep)]
     diag = ""
     if doctor is not None:

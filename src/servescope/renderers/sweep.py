@@ -6,19 +6,38 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from ..sweep import saturation
+from .base import console_text
+
+__all__ = ["SweepRenderer", "render_sweep"]
 
 
-def saturation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first level past which throughput grows < 10% while p95 grows > 50%."""
-    for prev, row in zip(rows, rows[1:]):
-        t0, t1 = prev.get("throughput_rps") or 0, row.get("throughput_rps") or 0
-        l0, l1 = prev.get("p95_ms"), row.get("p95_ms")
-        if t0 and l0 and l1 and t1 < t0 * 1.10 and l1 > l0 * 1.5:
-            return prev
-    return None
+class SweepRenderer:
+    """The sweep's table (rows from ``servescope.sweep.sweep_summary``) and where it saturates;
+    printed to ``console`` when one is given, and returned as plain text.
+
+        SweepRenderer(console=Console()).render(sweep_summary(reports))
+    """
+
+    def __init__(self, *, console: Console | None = None, width: int = 110) -> None:
+        self.console = console
+        self.width = width
+
+    def __repr__(self) -> str:
+        return f"SweepRenderer(console={self.console!r}, width={self.width})"
+
+    def render(self, rows: list[dict[str, Any]]) -> str:
+        return console_text(_sections(rows), console=self.console, width=self.width)
 
 
 def render_sweep(rows: list[dict[str, Any]], *, console: Console) -> None:
+    """``SweepRenderer(console=console).render(rows)``, printed only."""
+    SweepRenderer(console=console).render(rows)
+
+
+def _sections(rows: list[dict[str, Any]]) -> list[Any]:
     table = Table(title="Throughput vs latency", header_style="bold", show_edge=False)
     for col in ("level", "throughput req/s", "p50 ms", "p95 ms", "p99 ms", "errors"):
         table.add_column(col, justify="right")
@@ -29,11 +48,13 @@ def render_sweep(rows: list[dict[str, Any]], *, console: Console) -> None:
             *(f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("p50_ms", "p95_ms", "p99_ms")),
             str(r["errors"]),
         )
-    console.print(table)
+    parts: list[Any] = [table]
     sat = saturation(rows)
     if sat is not None:
-        console.print(
-            f"Saturates at about {sat['throughput_rps']:,.0f} req/s ({sat['mode']}={sat['level']:g}): "
-            "more load only adds latency."
+        parts.append(
+            Text(
+                f"Saturates at about {sat['throughput_rps']:,.0f} req/s ({sat['mode']}={sat['level']:g}): "
+                "more load only adds latency."
+            )
         )
-    console.print()
+    return [*parts, Text("")]

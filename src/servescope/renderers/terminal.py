@@ -8,17 +8,17 @@ taken out, and at most ``MAX_STAGES_SHOWN`` stages and ``MAX_FINDINGS_SHOWN`` fi
 
 from __future__ import annotations
 
-import io
 import re
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..report import Finding, Report
+from .base import console_text
 
-__all__ = ["MAX_FINDINGS_SHOWN", "MAX_STAGES_SHOWN", "plain", "render_terminal", "stage_label"]
+__all__ = ["MAX_FINDINGS_SHOWN", "MAX_STAGES_SHOWN", "TerminalRenderer", "plain", "render_terminal", "stage_label"]
 
 MAX_STAGES_SHOWN = 100
 MAX_FINDINGS_SHOWN = 50
@@ -215,8 +215,32 @@ def _findings(report: Report) -> list[Any]:
     return []
 
 
+class TerminalRenderer:
+    """The terminal view: printed to ``console`` when one is given, and returned as plain
+    text ``width`` columns wide.
+
+        text = TerminalRenderer().render(report)
+        TerminalRenderer(console=Console()).render(report)
+    """
+
+    def __init__(self, *, console: Console | None = None, width: int = 110) -> None:
+        self.console = console
+        self.width = width
+
+    def __repr__(self) -> str:
+        return f"TerminalRenderer(console={self.console!r}, width={self.width})"
+
+    def render(self, report: Report) -> str:
+        return console_text(_sections(report), console=self.console, width=self.width)
+
+
 def render_terminal(report: Report, *, console: Console | None = None, width: int = 110) -> str:
-    """Print the report to ``console`` (stdout by default) and return it as plain text."""
+    """``TerminalRenderer(console=console, width=width).render(report)``: printed to ``console``
+    when one is given, returned as plain text."""
+    return TerminalRenderer(console=console, width=width).render(report)
+
+
+def _sections(report: Report) -> list[Any]:
     report, more_stages, more_findings = _displayable(report)
     parts: list[Any] = [*_headline(report)]
     if report.stages:
@@ -235,9 +259,4 @@ def render_terminal(report: Report, *, console: Console | None = None, width: in
         parts += [Text(""), *found]
     if more_findings:
         parts.append(Text(f"{more_findings:,} more findings not shown (the JSON has them all: --json)", style="yellow"))
-    group = Group(*parts)
-    if console is not None:
-        console.print(group)
-    buf = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
-    buf.print(group)
-    return buf.file.getvalue()  # type: ignore[attr-defined]
+    return parts
