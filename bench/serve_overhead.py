@@ -3,6 +3,10 @@ FastAPI endpoint, the same tiny model (Linear 4->2, ~10 us), called as ASGI apps
 
     python bench/serve_overhead.py
 
+servescope.serve runs twice: as it does by default (the model's code on the batch worker's
+thread, never on the event loop) and with ``inline_below_ms=5`` (a lone request on a fast
+model runs on the loop: no hand-off, but nothing bounds it; docs/reliability.md).
+
 Each app handles N requests one after another on a uvloop loop (what c=1 is), in
 interleaved repeats; the median us/request and the ratio to FastAPI are printed, beside the
 bare forward (tensor + forward + tolist) as the floor. What is left is each framework's cost
@@ -93,18 +97,23 @@ def bare_forward_us() -> float:
 
 
 async def main() -> None:
-    ours = servescope.serve(Tiny(), max_batch_size=8)
-    await ours.startup()
-    assert await ours.wait_ready() == "ready"
+    ours = servescope.serve(Tiny(), max_batch_size=8)  # the default: model code on the worker thread
+    inline = servescope.serve(Tiny(), max_batch_size=8, inline_below_ms=5)  # opted in: a lone request on the loop
+    for app in (ours, inline):
+        await app.startup()
+        assert await app.wait_ready() == "ready"
     theirs = fastapi_app()
-    runs: dict[str, list[float]] = {"servescope.serve": [], "FastAPI async def (naive)": [], "bare forward (floor)": []}
-    for app in (ours, theirs):  # warm both
+    apps = {"servescope.serve": ours, "servescope.serve inline": inline, "FastAPI async def (naive)": theirs}
+    runs: dict[str, list[float]] = {name: [] for name in apps}
+    runs["bare forward (floor)"] = []
+    for app in apps.values():  # warm them all
         await per_request_us(app)
     for _ in range(REPEATS):
-        runs["servescope.serve"].append(await per_request_us(ours))
-        runs["FastAPI async def (naive)"].append(await per_request_us(theirs))
+        for name, app in apps.items():
+            runs[name].append(await per_request_us(app))
         runs["bare forward (floor)"].append(bare_forward_us())
-    await ours.shutdown()
+    for app in (ours, inline):
+        await app.shutdown()
     med = {k: statistics.median(v) for k, v in runs.items()}
     floor = med["bare forward (floor)"]
     fa_over = med["FastAPI async def (naive)"] - floor

@@ -405,7 +405,7 @@ def test_report_route_gives_the_served_figures_and_load_now_makes_startup_skip_l
     assert model.loads == 1  # startup() did not load a second time
     assert r.headers["server-timing"].endswith(', replica;desc="r1"')
     body = rep.json()
-    assert body["schema"] == "servescope.report/1" and body["latency"]["count"] == 1
+    assert body["schema"].startswith("servescope.report/") and body["latency"]["count"] == 1
     assert "infer" in body["stages"] and "total" in body["distributions"]  # mergeable elsewhere
 
 
@@ -432,7 +432,7 @@ def wait_until(condition, timeout_s: float = 10.0) -> None:
 
 def test_a_lone_request_on_a_fast_model_runs_inline_and_concurrent_ones_batch_on_the_worker():
     model = ThreadSpy()
-    app = servescope.serve(model, max_batch_size=8)
+    app = servescope.serve(model, max_batch_size=8, inline_below_ms=5)  # opted in: unbounded on the loop
 
     async def go():
         async with Running(app) as client:
@@ -588,3 +588,58 @@ def test_a_declared_body_over_the_limit_is_refused_before_reading_and_the_connec
     start = sent[0]
     assert start["status"] == 413 and (b"connection", b"close") in start["headers"]
     assert reads == []  # a 10 GB declared body: not one byte read
+
+
+# -- supervision: a model that never returns is a stuck worker, not an outage ------------------
+
+
+def test_by_default_no_model_code_runs_on_the_event_loop():
+    model = ThreadSpy()
+    app = servescope.serve(model)
+
+    async def go():
+        async with Running(app) as client:
+            return [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(3)]
+
+    assert all(r.status_code == 200 for r in run(go()))
+    assert app.info["inline"] is False and set(model.threads) == {"servescope-worker"}
+
+
+def test_a_stuck_batch_gets_its_worker_replaced_and_ready_says_why():
+    gate = threading.Event()  # the first forward once serving blocks until the test opens it
+    model = Doubler(gate=gate)
+    app = servescope.serve(model, timeout_s=0.5, batch_timeout_s=2.0)
+
+    async def go():
+        async with Running(app) as client:
+            stuck = await client.post("/predict", json={"x": [1, 2, 3, 4]})  # its deadline passes: 504
+            assert app.check_stuck() is False  # the batch has not outlived batch_timeout_s yet
+            started = app.batcher.batch_started_ns
+            assert app.check_stuck(now_ns=started + 2_100_000_000) is True  # 2.1 s in: stuck
+            model.gate = None  # the next forwards do not block
+            after = await client.post("/predict", json={"x": [1, 0, 0, 0]})
+            ready = await client.get("/ready")
+            metrics = await client.get("/metrics")
+            gate.set()  # the abandoned thread wakes: its late answer goes nowhere
+            return stuck, after, ready, metrics
+
+    stuck, after, ready, metrics = run(go())
+    assert stuck.status_code == 504
+    assert after.status_code == 200 and after.json() == {"y": [2.0, 0.0, 0.0, 0.0]}  # served by the new worker
+    body = ready.json()
+    assert ready.status_code == 200 and body["worker_replacements"] == 1 and "batch_timeout_s=2" in body["stuck"]
+    assert "servescope_worker_replacements_total 1.0" in metrics.text
+    assert "process_resident_memory_bytes" in metrics.text  # growth per request is visible
+
+
+def test_a_model_that_hangs_every_worker_fails_ready_for_good():
+    app = servescope.serve(Doubler(), batch_timeout_s=1.0)
+    app.state = "ready"
+    from servescope.serve.app import MAX_REPLACEMENTS
+
+    for _ in range(MAX_REPLACEMENTS):
+        app.batcher.batch_started_ns = 0  # each new worker stuck at once, as the old one was
+        assert app.check_stuck(now_ns=1_500_000_000) is True and app.state == "ready"
+    app.batcher.batch_started_ns = 0
+    assert app.check_stuck(now_ns=1_500_000_000) is True
+    assert app.state == "failed" and "not replaced again" in app.failure

@@ -197,3 +197,33 @@ def test_a_declared_10_gb_body_is_refused_at_once_and_the_connection_closed(serv
             data += chunk
         assert time.monotonic() - t0 < 5
     assert data.startswith(b"HTTP/1.1 413") and b"connection: close" in data.lower()
+
+
+def test_a_hung_model_never_holds_health_and_the_process_ends_for_its_supervisor():
+    proc, url = start("--timeout", "1s", target="tests/e2e/endpoints/hanging_model.py:Hangs")
+    try:
+        hang = threading.Thread(
+            target=lambda: _status(f"{url}/predict", json.dumps({"x": [13, 0, 0, 0]}).encode()), daemon=True
+        )
+        hang.start()
+        time.sleep(0.3)  # the hanging batch is in the model now
+        t = time.monotonic()
+        assert _status(f"{url}/health") == 200
+        assert time.monotonic() - t < 1.0  # the event loop is free: no model code runs on it
+        code = proc.wait(timeout=30)  # the watchdog: a batch over batch_timeout_s (= --timeout) ends it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert code == 70, err
+    assert "batch_timeout_s=1" in err and "exiting with status 70" in err
+
+
+def _status(url: str, data: bytes | None = None) -> int:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(req, timeout=30).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from ..exceptions import ConfigError
     from ..loader import load_target
-    from ..serve import Model, as_app
+    from ..serve import Model, ServeApp, as_app
 
     if args.ray_address is not None:  # the old spelling: --ray --ray-address ADDRESS
         if args.ray is None:
@@ -66,6 +66,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError("--ray deploys a servescope.Model (each replica builds its own app): point at the Model class")
         run_on_ray(model, replicas=args.replicas or 1, host=args.host, port=args.port, address=args.ray, **options)
         return 0
+    if not isinstance(obj, ServeApp):
+        # a process a supervisor restarts (systemd, Kubernetes, Docker's restart policy): a
+        # worker stuck in the model's code ends it, rather than run on beside a stuck thread
+        options["on_stuck"] = "exit"
     app = as_app(obj, name=args.target, **options)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("servescope").setLevel(logging.INFO)

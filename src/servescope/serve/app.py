@@ -34,6 +34,12 @@ __all__ = ["ServeApp"]
 
 log = logging.getLogger("servescope")
 
+#: The exit status of a process the watchdog ends (``on_stuck="exit"``): a supervisor restarts it.
+EXIT_STUCK = 70
+#: Workers replaced (``on_stuck="replace"``) before the watchdog gives up and fails /ready for good:
+#: each stuck thread holds what it held, and a model that hangs every worker will hang the next.
+MAX_REPLACEMENTS = 3
+
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -74,7 +80,9 @@ class ServeApp:
         threads: int | None = None,
         warmup_batch_sizes: list[int] | None = None,
         recorder: Recorder | None = None,
-        inline_below_ms: float = 5.0,
+        inline_below_ms: float = 0.0,
+        batch_timeout_s: float | None = None,
+        on_stuck: str = "replace",
         report_source: Callable[[], Report] | None = None,
         timing_suffix: str = "",
         report_interval_s: float = 1.0,
@@ -94,11 +102,20 @@ class ServeApp:
             raise ConfigError(f"inline_below_ms must be >= 0 (0: never inline), got {inline_below_ms!r}")
         if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if batch_timeout_s is not None and (not isinstance(batch_timeout_s, (int, float)) or not 0 < batch_timeout_s < float("inf")):
+            raise ConfigError(f"batch_timeout_s must be a number of seconds > 0, got {batch_timeout_s!r}")
+        if on_stuck not in ("replace", "exit"):
+            raise ConfigError(f"on_stuck must be 'replace' or 'exit', got {on_stuck!r}")
         if not isinstance(report_interval_s, (int, float)) or not 0 <= report_interval_s < float("inf"):
             raise ConfigError(f"report_interval_s must be a number of seconds >= 0, got {report_interval_s!r}")
         self.model = model
         self.example = example if example is not None else model.example
         self.timeout_s = float(timeout_s)
+        # a batch running longer than this is stuck: the watchdog replaces its worker, or
+        # (on_stuck="exit", as `servescope serve` runs) ends the process for its supervisor
+        self.batch_timeout_s = float(batch_timeout_s if batch_timeout_s is not None else timeout_s)
+        self.on_stuck = on_stuck
+        self.stuck: str | None = None  # the last stuck batch, as /ready and the log say it
         self.max_body_bytes = max_body_bytes
         self._too_big = _error_body(f"request body over {max_body_bytes} bytes")
         self.runtime = Runtime(model, device=device, threads=threads)
@@ -166,6 +183,7 @@ class ServeApp:
             self.info = info
             self.batcher.start()
             self.state = "ready"
+            threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()
             log.info(
                 "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
                 "torch threads %s of %s CPUs; max_batch_size %d; a lone request %s",
@@ -180,6 +198,45 @@ class ServeApp:
         finally:
             self._ready.set()
         return self.state
+
+    def _watch(self) -> None:
+        """The watchdog's thread: a look at the running batch four times per ``batch_timeout_s``
+        (at least every quarter second), for as long as the app serves."""
+        interval = min(0.25, self.batch_timeout_s / 4)
+        while self.state in ("ready", "stuck"):
+            time.sleep(interval)
+            self.check_stuck()
+
+    def check_stuck(self, now_ns: int | None = None) -> bool:
+        """Whether the running batch has outlived ``batch_timeout_s``; if so, act on it: a new
+        worker takes the queue (``on_stuck="replace"``, up to ``MAX_REPLACEMENTS`` times, then
+        /ready fails for good), or the process ends with ``EXIT_STUCK`` (``"exit"``)."""
+        started = self.batcher.batch_started_ns
+        if started is None or self.state != "ready":
+            return False
+        ran_s = ((self.batcher.clock() if now_ns is None else now_ns) - started) / 1e9
+        if ran_s <= self.batch_timeout_s:
+            return False
+        self.stuck = f"a batch ran {ran_s:.1f} s, over batch_timeout_s={self.batch_timeout_s:g}: the model's code did not return"
+        if self.on_stuck == "exit":
+            self.state = "stuck"
+            log.critical("servescope: %s; exiting with status %d so that the process supervisor restarts it", self.stuck, EXIT_STUCK)
+            for handler in logging.getLogger().handlers + log.handlers:
+                handler.flush()
+            os._exit(EXIT_STUCK)
+        if self.batcher.replacements >= MAX_REPLACEMENTS:
+            self.state = "failed"
+            self.failure = f"{self.stuck}; the worker got stuck {MAX_REPLACEMENTS + 1} times, so it is not replaced again"
+            log.error("servescope: %s", self.failure)
+            return True
+        log.error(
+            "servescope: %s; a new worker takes the queue (replacement %d of %d), the stuck thread is abandoned",
+            self.stuck, self.batcher.replacements + 1, MAX_REPLACEMENTS,
+        )  # fmt: skip
+        self.batcher.replace_worker()
+        if self.metrics is not None:
+            self.metrics.replacements.inc()
+        return True
 
     def _time_one(self, example: Any, runs: int = 3) -> int:
         """A lone item's time through the runtime (the best of ``runs``), in ns."""
@@ -236,7 +293,12 @@ class ServeApp:
                 await _respond(send, 200, orjson.dumps({"status": "alive", "state": self.state}))
             elif path == "/ready":
                 ok = self.state == "ready"
-                body = {"ready": ok, "state": self.state, **({"error": self.failure} if self.failure else {})}
+                body: dict[str, Any] = {"ready": ok, "state": self.state}
+                if self.failure:
+                    body["error"] = self.failure
+                if self.stuck:  # the last stuck batch, also once a new worker took over
+                    body["stuck"] = self.stuck
+                    body["worker_replacements"] = self.batcher.replacements
                 await _respond(send, 200 if ok else 503, orjson.dumps(body))
             elif path == "/metrics":
                 await self._serve_metrics(send)
@@ -475,6 +537,12 @@ class _Metrics:
             "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
         )
         self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=self.registry)
+        self.replacements = prom.Counter(
+            "servescope_worker_replacements", "Workers replaced after a batch outlived batch_timeout_s", registry=self.registry
+        )
+        # resident memory, CPU time and open files of this process (Linux): growth per request
+        # is process_resident_memory_bytes over servescope_requests_total
+        prom.ProcessCollector(registry=self.registry)
 
     @classmethod
     def create(cls, recorder: Recorder) -> _Metrics | None:

@@ -62,6 +62,10 @@ class Batcher:
         self.batches = 0
         self.busy = False  # a batch is being processed right now
         self.model_lock = threading.Lock()  # one forward at a time: the worker's, or an inline one
+        #: when the batch being processed started (``clock``), None when idle: the watchdog's view
+        self.batch_started_ns: int | None = None
+        self._generation = 0  # a replaced worker sees it change and leaves once it wakes
+        self.replacements = 0
 
     def idle(self) -> bool:
         """No batch running and nothing queued."""
@@ -110,19 +114,39 @@ class Batcher:
                 batch.append(item)
         return batch
 
-    def run(self) -> None:
-        """The worker loop: until ``stop()``."""
-        while True:
+    def run(self, generation: int = 0) -> None:
+        """The worker loop: until ``stop()``, or until it is replaced (then it leaves as soon as
+        the call it was stuck in returns, and its late results go nowhere)."""
+        while generation == self._generation:
             batch = self.next_batch()
             if batch is None:
                 return
-            with self.model_lock:
+            lock = self.model_lock
+            with lock:
+                if generation != self._generation:  # replaced while waiting: the batch is the new worker's
+                    for item in batch:
+                        self._q.put(item)
+                    return
                 self.batches += 1
                 self.busy = True
+                self.batch_started_ns = self.clock()
                 try:
                     self.process(batch)
                 finally:
-                    self.busy = False
+                    if generation == self._generation:
+                        self.busy = False
+                        self.batch_started_ns = None
+
+    def replace_worker(self) -> None:
+        """Start a fresh worker beside one stuck in a batch. The stuck thread cannot be stopped
+        (Python cannot interrupt a call): it is abandoned, and leaves if its call ever returns.
+        The new worker takes the queue and a lock of its own."""
+        self._generation += 1
+        self.replacements += 1
+        self.model_lock = threading.Lock()
+        self.busy = False
+        self.batch_started_ns = None
+        self.start()
 
     def run_inline(self, item: Item) -> bool:
         """Process a lone item on the calling thread, when the worker is idle and nothing is
@@ -130,18 +154,20 @@ class Batcher:
         request; the caller decides when a short block of its own thread is harmless."""
         if not self.idle() or not self.model_lock.acquire(blocking=False):
             return False
+        lock = self.model_lock
         try:
             self.batches += 1
             self.busy = True
-            item.enqueued_ns = self.clock()
+            item.enqueued_ns = self.batch_started_ns = self.clock()
             self.process([item])
         finally:
             self.busy = False
-            self.model_lock.release()
+            self.batch_started_ns = None
+            lock.release()
         return True
 
     def start(self, name: str = "servescope-worker") -> None:
-        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self.run, args=(self._generation,), name=name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
