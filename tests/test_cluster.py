@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servescope import Recorder
+from servescope import Recorder, Report
 from servescope.bench import BenchOptions
 from servescope.cli import main
 from servescope.cluster import _merge, connect, split_level
@@ -158,3 +158,26 @@ def test_the_html_report_lists_generators_and_replicas():
     page = render_html(rep)
     assert "<h2>Load generators</h2>" in page and "host-a/1234abcd" in page and "lost: generator 1: gone" in page
     assert "<h2>Replicas that answered</h2>" in page and "<td>r1</td><td>2</td>" in page
+
+
+def test_stage_names_folded_on_any_replica_survive_the_collector():
+    # Ray Serve's aggregation: each replica's deltas merged with Report.combine, twice over
+    collector = StatsCollector("app")
+    for rid in ("r1", "r2"):
+        rec = Recorder(deltas=True, max_stage_names=1)
+        for i in range(3):
+            rec.record_durations({f"{rid}_step_{i}": 1.0}, 2.0)
+            collector.push(rid, "node", rec.take_delta().to_dict())
+    rep = Report.from_dict(collector.report())
+    assert rep.folded_stage_names.examples == ["r1_step_1", "r1_step_2", "r2_step_1", "r2_step_2"]
+    assert rep.folded_stage_names.limit == 1 and "not_combined" not in rep.meta
+    assert rep.stages["(more stages)"]["count"] == 4
+
+
+def test_a_bench_level_on_ray_keeps_its_generators_in_the_load_section():
+    options = BenchOptions(url="http://127.0.0.1:1/", concurrency=[4])
+    rep = _merge(options, "concurrency", 4, [_outcome([1.0, 2.0]), "generator 1: gone", _outcome([3.0], "n2")], None)
+    assert [(g.generator, g.node, g.requests) for g in rep.load.generators] == [(0, "n1", 2), (2, "n2", 1)]
+    assert rep.load.generators_lost == ["generator 1: gone"] and rep.load.requests.measured == 3
+    back = Report.from_json(rep.to_json())
+    assert back.load == rep.load

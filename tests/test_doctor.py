@@ -283,3 +283,50 @@ def test_keyword_model_calls_are_seen_and_replayed_without_the_probes():
     replayed = [hooks for batch, hooks in model.hooks_seen if batch == 16]
     assert replayed and set(replayed) == {0}  # the batch probe ran with the probes removed
     assert "padding-waste" in {f.id for f in rep.findings}
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_concurrent_requests_find_their_server_traces_by_id(kind):
+    """Each result of the concurrent phase is paired with the trace its answer names, not with
+    the trace at its index: one that got no answer in time has none, and never takes another's."""
+    import threading
+
+    from servescope.doctor.targets.http import ASGITarget, WSGITarget
+
+    calls = iter(range(1_000))
+    lock = threading.Lock()
+
+    def slow_first() -> None:
+        with lock:
+            n = next(calls)
+        if n == 0:  # the first request outlives its timeout; its trace arrives after the others'
+            time.sleep(1.5)
+
+    if kind == "asgi":
+
+        async def app(scope, receive, send):
+            if scope["type"] != "http":
+                return
+            slow_first()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        target = ASGITarget(app, "/predict")
+    else:
+
+        def app(environ, start_response):
+            slow_first()
+            start_response("200 OK", [("Content-Length", "2")])
+            return [b"{}"]
+
+        target = WSGITarget(app, "/predict")
+    target.start(10)
+    try:
+        obs, _ = target.concurrent(b"{}", concurrency=2, requests=8, timeout_s=1.0, max_seconds=10)
+    finally:
+        target.stop()
+    ok = [o for o in obs if o.error is None]
+    assert len(ok) >= 7 and all(o.trace is not None for o in ok)
+    ids = [o.evidence["request_id"] for o in ok]
+    assert len(set(ids)) == len(ids)  # each its own trace
+    assert all(o.trace is None and not o.evidence for o in obs if o.error is not None)

@@ -25,6 +25,7 @@ from .exceptions import ConfigError, ServerTimingError
 from .loadgen import OVERSIZED, LoadGenerator, Result, Target, build_requests, error_kind
 from .recorder import Recorder
 from .report import Report
+from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts
 from .servertiming import server_timing_durations
 from .stats import Distribution, summarize
 from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
@@ -178,28 +179,29 @@ def results_report(
     ok = report.latency["count"]
     end = measure_until_ns or max((r.done_ns for r in measured), default=measure_from_ns)
     window_s = max((end - measure_from_ns) / 1e9, 1e-9)
-    report.extra["throughput_rps"] = round(ok / window_s, 2) if measured else 0.0
-    report.extra["requests"] = {"measured": len(measured), "ok": ok, "warmup": len(results) - len(measured)}
-    report.extra["uncorrected"] = summarize(uncorrected)
-    report.extra["server_timing"] = {
-        "responses_with_header": with_timing,
-        "malformed": bad_timing,
-        "too_large": too_large,
-        "hint": None
-        if with_timing
-        else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "
-        "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
-    }
-    if replicas:  # who answered, from each response's Server-Timing
-        report.extra["replicas"] = dict(sorted(replicas.items()))
+    load = report.load = Load(
+        throughput_rps=round(ok / window_s, 2) if measured else 0.0,
+        requests=Requests(measured=len(measured), ok=ok, warmup=len(results) - len(measured)),
+        uncorrected=summarize(uncorrected),
+        server_timing=ServerTimingCounts(
+            responses_with_header=with_timing,
+            malformed=bad_timing,
+            too_large=too_large,
+            hint=None
+            if with_timing
+            else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "
+            "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
+        ),
+        replicas=dict(sorted(replicas.items())),  # who answered, from each response's Server-Timing
+    )
     if lags_ns:
         lags = np.asarray(lags_ns, dtype=float) / 1e6
         p99 = float(np.percentile(lags, 99))
-        report.extra["generator"] = {
-            "schedule_lag_p50_ms": round(float(np.percentile(lags, 50)), 3),
-            "schedule_lag_p99_ms": round(p99, 3),
-            "behind": bool(p99 > 2.0),
-        }
+        load.generator = GeneratorHealth(
+            schedule_lag_p50_ms=round(float(np.percentile(lags, 50)), 3),
+            schedule_lag_p99_ms=round(p99, 3),
+            behind=bool(p99 > 2.0),
+        )
     return report
 
 
@@ -313,10 +315,11 @@ def run_bench(
                 results, measure_from_ns=measure_from, measure_until_ns=until, first_ms=first_ms,
                 lags_ns=lags, meta=meta,
             )  # fmt: skip
-            if first_err:
-                rep.extra["first_error"] = first_err
+            assert rep.load is not None  # results_report made it
+            rep.load.first_error = first_err or None
             if results:
-                rep.extra.setdefault("generator", {})["cpu_us_per_request"] = round(cpu / len(results) * 1e6, 1)
+                rep.load.generator = rep.load.generator or GeneratorHealth()
+                rep.load.generator.cpu_us_per_request = round(cpu / len(results) * 1e6, 1)
             reports.append(rep)
 
     loop = (loop_factory or fast_loop())()

@@ -31,6 +31,7 @@ from .bench import (
 from .exceptions import ConfigError, require
 from .loadgen import Result
 from .report import Report
+from .sections import GeneratorRow, Load
 
 __all__ = ["connect", "run_bench_ray", "split_level"]
 
@@ -182,7 +183,7 @@ def run_bench_ray(
 ) -> list[Report]:
     """``run_bench`` with the load coming from ``generators`` Ray actors; one merged Report per level.
 
-    A generator lost mid-run (its node died) is named in ``extra["generators_lost"]``; the
+    A generator lost mid-run (its node died) is named in ``report.load.generators_lost``; the
     report keeps what the others measured. Ctrl-C stops every generator and keeps what ran.
     ``on_progress(label, requests, new_errors, new_ok_latencies_ms)`` is called about twice a
     second with every generator's progress merged (``BenchProgress.show`` draws it).
@@ -213,8 +214,8 @@ def run_bench_ray(
             poll = None if on_progress is None else (lambda n, e, ok, label=f"{mode}={level:g}": on_progress(label, n, e, ok))
             outcomes, interrupted = _gather(ray, refs, [actors[i] for i in range(len(shares))], poll)
             rep = _merge(options, mode, level, outcomes, first_ms)
-            if first_err:
-                rep.extra["first_error"] = first_err
+            if first_err and rep.load is not None:
+                rep.load.first_error = first_err
             if interrupted:
                 rep.meta["interrupted"] = True
             reports.append(rep)
@@ -279,13 +280,13 @@ def _merge(options: BenchOptions, mode: str, level: float, outcomes: list[dict[s
             untils.append(out["until"])
         n = len(out["results"])
         rows.append(
-            {
-                "generator": i,
-                "node": out["node"],
-                "requests": n,
-                "cpu_us_per_request": round(out["cpu_s"] / n * 1e6, 1) if n else None,
-                "start_late_ms": out["start_late_ms"],
-            }
+            GeneratorRow(
+                generator=i,
+                node=out["node"],
+                requests=n,
+                cpu_us_per_request=round(out["cpu_s"] / n * 1e6, 1) if n else None,
+                start_late_ms=out["start_late_ms"],
+            )
         )
     if not rows:
         raise ConfigError("every load generator was lost: " + "; ".join(lost))
@@ -294,7 +295,7 @@ def _merge(options: BenchOptions, mode: str, level: float, outcomes: list[dict[s
         results, measure_from_ns=0, measure_until_ns=min(untils) if untils else None, first_ms=first_ms,
         lags_ns=lags, meta=meta,
     )  # fmt: skip
-    rep.extra["generators"] = rows
-    if lost:
-        rep.extra["generators_lost"] = lost
+    load = rep.load = rep.load or Load()
+    load.generators = rows
+    load.generators_lost = lost
     return rep

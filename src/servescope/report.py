@@ -4,7 +4,7 @@ The load generator and the doctor produce it, the rules read it, the renderers f
 ``servescope report FILE`` re-renders a saved one offline. Its JSON form is a contract
 (docs/report-schema.md); the top level is:
 
-    schema        "servescope.report/1"
+    schema        "servescope.report/2" (version 1 files load too)
     created       ISO-8601 time the report was made
     environment   Python, CPUs, torch and device (see environment.py)
     latency       end-to-end statistics of successful requests: count, mean_ms, p50_ms, p90_ms,
@@ -15,7 +15,9 @@ The load generator and the doctor produce it, the rules read it, the renderers f
     distributions "total" and each stage -> the samples or a sketch (how reports combine)
     samples       per-request rows, when kept
     meta          what was run: tool, target, options
-    ...           any other key is kept as is (bench adds throughput_rps, uncorrected ...)
+    load, sweep, diagnosis, folded_stage_names
+                  the typed sections a tool adds (sections.py), as ``report.load`` ...
+    ...           any other key is kept as is (``report.unknown``)
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ import orjson
 
 from .environment import capture_environment
 from .exceptions import ReportError, SchemaError
-from .schema import check_types
+from .schema import check_types, check_v1_fields
+from .sections import SECTIONS, V1_FIELDS, Diagnosis, ExtraView, FoldedStages, Load, Sweep
 from .stats import Distribution, summarize
 from .timing import order_stages
 
 __all__ = ["Finding", "Report", "SCHEMA", "SEVERITIES"]
 
 SCHEMA_NAME = "servescope.report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
 #: Worst first.
 SEVERITIES = ("critical", "high", "medium", "low", "info")
@@ -110,6 +113,11 @@ class Report:
         samples: list[dict[str, Any]] | None = None,
         meta: dict[str, Any] | None = None,
         created: str | None = None,
+        load: Load | None = None,
+        sweep: Sweep | None = None,
+        diagnosis: Diagnosis | None = None,
+        folded_stage_names: FoldedStages | None = None,
+        unknown: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.latency = latency
@@ -121,7 +129,30 @@ class Report:
         self.samples = samples or []
         self.meta = meta or {}
         self.created = created or _now()
-        self.extra = extra or {}
+        #: what ``servescope bench`` measured beside the statistics
+        self.load = load
+        #: several load levels: a row and a report per level
+        self.sweep = sweep
+        #: what ``servescope doctor`` concluded, and its evidence
+        self.diagnosis = diagnosis
+        #: stage names past the recorder's limit, counted together
+        self.folded_stage_names = folded_stage_names
+        #: top-level keys this version does not know, kept as they are
+        self.unknown: dict[str, Any] = dict(unknown or {})
+        self.extra.update(extra or {})
+
+    @property
+    def extra(self) -> ExtraView:
+        """The sections under their version-1 names, and the unknown keys: a mapping kept for
+        scripts that read ``report.extra["throughput_rps"]``; read ``report.load`` ... instead."""
+        return ExtraView(self)
+
+    @extra.setter
+    def extra(self, value: dict[str, Any]) -> None:
+        for name in SECTIONS:
+            setattr(self, name, None)
+        self.unknown = {}
+        self.extra.update(value)
 
     # -- building ----------------------------------------------------------------------------
     @classmethod
@@ -165,7 +196,13 @@ class Report:
     # -- combining ---------------------------------------------------------------------------
     @classmethod
     def combine(cls, reports: Iterable[Report], **meta: Any) -> Report:
-        """One report from several runs, merging distributions (percentiles are never averaged)."""
+        """One report from several runs, merging distributions (percentiles are never averaged).
+
+        Every part has its rule: distributions, errors and samples joined; findings joined
+        (one per id and title); the first report's environment and first request; each section
+        by its own ``combine`` (sections.py); an unknown key kept when every report that has it
+        agrees. What cannot be merged is left out and named, with why, in
+        ``meta["not_combined"]``; ``meta["combined"]`` keeps each report's meta."""
         reports = list(reports)
         if not reports:
             raise ReportError("combine() needs at least one report")
@@ -191,6 +228,17 @@ class Report:
                 err_lat = e if err_lat is None else err_lat.merge(e)
         firsts = [r.first_ms for r in reports if r.first_ms is not None]
         findings = {(f.id, f.title): f for r in reports for f in r.findings}
+        notes: dict[str, str] = {}
+        sections = {name: section.combine([getattr(r, name) for r in reports], notes) for name, section in SECTIONS.items()}
+        unknown: dict[str, Any] = {}
+        for key in dict.fromkeys(k for r in reports for k in r.unknown):
+            values = [r.unknown[key] for r in reports if key in r.unknown]
+            if all(v == values[0] for v in values):
+                unknown[key] = values[0]
+            else:
+                notes[key] = "not written by servescope, and the reports disagree on it"
+        if notes:
+            meta = {**meta, "not_combined": notes}
         return cls.from_distributions(
             latency,
             stages,
@@ -201,6 +249,8 @@ class Report:
             environment=reports[0].environment,
             samples=[s for r in reports for s in r.samples],
             meta={"combined": [r.meta for r in reports], **meta},
+            unknown=unknown,
+            **sections,
         )
 
     # -- JSON --------------------------------------------------------------------------------
@@ -215,7 +265,11 @@ class Report:
             "errors": self.errors,
             "meta": self.meta,
         }
-        out.update(self.extra)
+        for name in SECTIONS:
+            section = getattr(self, name)
+            if section is not None:
+                out[name] = section.to_dict()
+        out.update(self.unknown)
         if distributions:
             out["distributions"] = {k: d.to_dict() for k, d in self.distributions.items()}
         if samples:
@@ -238,7 +292,7 @@ class Report:
     def from_dict(cls, data: Any) -> Report:
         if not isinstance(data, dict):
             raise ReportError(f"a report is a JSON object, got {type(data).__name__}")
-        _check_schema(data.get("schema"))
+        version = _check_schema(data.get("schema"))
         for key, kind in (("latency", dict), ("stages", dict), ("findings", list)):
             if not isinstance(data.get(key), kind):
                 raise ReportError(f"report field {key!r} is missing or not a JSON {kind.__name__}")
@@ -246,6 +300,17 @@ class Report:
         if not isinstance(dists, dict):
             raise ReportError("report field 'distributions' is not an object")
         check_types(data)
+        if version == 1:  # the tools' fields were at the top level: they go to their sections
+            check_v1_fields(data)
+            sections: dict[str, Any] = {}
+            v1 = {k: data[k] for k in V1_FIELDS if data.get(k) is not None}
+            known = _KNOWN | set(V1_FIELDS)
+        else:
+            sections = {
+                name: section.from_dict(data[name]) for name, section in SECTIONS.items() if data.get(name) is not None
+            }
+            v1 = {}
+            known = _KNOWN | set(SECTIONS)
         return cls(
             latency=data["latency"],
             stages=data["stages"],
@@ -258,7 +323,9 @@ class Report:
             samples=data.get("samples") or [],
             meta=data.get("meta") or {},
             created=data.get("created"),
-            extra={k: v for k, v in data.items() if k not in _KNOWN},
+            unknown={k: v for k, v in data.items() if k not in known},
+            extra=v1,
+            **sections,
         )
 
     @classmethod
@@ -303,7 +370,8 @@ class Report:
         )
 
 
-def _check_schema(schema: Any) -> None:
+def _check_schema(schema: Any) -> int:
+    """The report's schema version, or ``SchemaError``."""
     if not isinstance(schema, str) or "/" not in schema:
         raise SchemaError(f"not a servescope report: 'schema' is {schema!r}, expected {SCHEMA!r}")
     name, _, version = schema.rpartition("/")
@@ -314,6 +382,7 @@ def _check_schema(schema: Any) -> None:
             f"report schema {schema!r} is newer than this servescope understands ({SCHEMA}): "
             "`pip install -U servescope`"
         )
+    return int(version)
 
 
 def _default(obj: Any) -> Any:

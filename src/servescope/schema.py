@@ -10,11 +10,13 @@ Unknown fields are kept and not checked (new ones may appear within a schema ver
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import types
+from typing import Any, Callable, get_args, get_origin, get_type_hints
 
 from .exceptions import ReportError
 
-__all__ = ["check_types"]
+__all__ = ["check_types", "check_v1_fields", "dump_section", "load_section", "load_value"]
 
 Check = Callable[[Any], bool]
 
@@ -73,9 +75,10 @@ def _fields(obj: dict[str, Any], spec: dict[str, Check], where: str) -> None:
 
 _FINDING = {"id": _str, "severity": _str, "title": _str, "evidence": _object, "fix": _str, "detail": _str,
             "saving_ms": _number, "saving_per": _str}  # fmt: skip
-#: The top-level fields servescope's own tools add (bench, the recorder, the doctor), each with
-#: the type its readers rely on; their inner fields are checked below where a view reads them.
-_EXTRA = {
+#: The top-level fields servescope's own tools added in schema version 1 (bench, the recorder,
+#: the doctor), each with the type its readers relied on; version 2 keeps them in typed sections
+#: (sections.py), checked by ``load_section``.
+_V1_FIELDS = {
     "throughput_rps": _number, "requests": _object, "uncorrected": _object, "server_timing": _object,
     "generator": _object, "replicas": _object, "generators": _list, "generators_lost": _list,
     "first_error": _str, "sweep": _list, "levels": _list, "folded_stage_names": _object,
@@ -85,7 +88,8 @@ _EXTRA = {
 
 
 def check_types(data: dict[str, Any]) -> None:
-    """Refuse (``ReportError``) a report whose documented fields have the wrong type."""
+    """Refuse (``ReportError``) a report whose documented top-level fields have the wrong type
+    (the sections are checked as they are built: ``load_section``)."""
     _expect(data.get("created"), _str, "created")
     for key in ("environment", "meta", "errors"):
         _expect(data.get(key), _object, key)
@@ -99,12 +103,13 @@ def check_types(data: dict[str, Any]) -> None:
     for i, finding in enumerate(data["findings"]):
         if isinstance(finding, dict):  # (not an object: Finding.from_dict says so)
             _fields(finding, _FINDING, f"findings[{i}]")
-    for key, check in _EXTRA.items():
+
+
+def check_v1_fields(data: dict[str, Any]) -> None:
+    """Refuse (``ReportError``) a version-1 report whose tools' top-level fields have the wrong
+    type (before they are moved into their sections, so the message names the field as written)."""
+    for key, check in _V1_FIELDS.items():
         _expect(data.get(key), check, key)
-    _check_extras(data)
-
-
-def _check_extras(data: dict[str, Any]) -> None:
     _each(data.get("replicas") or {}, _number, "replicas", null=False)
     for i, row in enumerate(data.get("generators") or []):
         _expect(row, _object, f"generators[{i}]", null=False)
@@ -120,3 +125,80 @@ def _check_extras(data: dict[str, Any]) -> None:
     _fields(verdict, {"diagnosed": _bool, "reason": _str, "failures": _object, "routes": _list, "hint": _str}, "verdict")
     for i, route in enumerate(verdict.get("routes") or []):
         _expect(route, _str, f"verdict.routes[{i}]", null=False)
+
+
+# -- typed sections ---------------------------------------------------------------------------
+# A section of the report (sections.py) is a dataclass; its JSON form is its fields. These
+# two functions are the whole mapping, checked against the fields' type hints, so the dataclass
+# is the one place a section's shape is written down.
+
+
+def load_section(cls: type, data: Any, where: str) -> Any:
+    """``cls`` (a dataclass with an ``unknown`` dict field) from its JSON object: each field
+    checked against its type hint (``ReportError`` naming ``where.field``); absent fields take
+    their defaults (an older writer); keys the class does not know go to ``unknown``, kept as
+    they are (a newer writer)."""
+    _expect(data, _object, where, null=False)
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    names = set()
+    for f in dataclasses.fields(cls):
+        names.add(f.name)
+        if f.name == "unknown":
+            continue
+        if f.name in data:
+            kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[f.name] = _coerce(hints[f.name], None, f"{where}.{f.name}")
+    kwargs["unknown"] = {k: v for k, v in data.items() if k not in names}
+    return cls(**kwargs)
+
+
+def load_value(hint: Any, value: Any, where: str) -> Any:
+    """One value of a section's field from JSON, checked against the field's type hint."""
+    return _coerce(hint, value, where)
+
+
+def dump_section(obj: Any) -> Any:
+    """The JSON form of a section (or of any value inside one): fields, then the keys kept."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: dump_section(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "unknown"}
+        out.update(getattr(obj, "unknown", None) or {})
+        return out
+    if isinstance(obj, list):
+        return [dump_section(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: dump_section(v) for k, v in obj.items()}
+    return obj
+
+
+_SCALARS: dict[Any, Check] = {float: _number, int: _number, str: _str, bool: _bool}
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    args = get_args(hint)
+    nullable = isinstance(hint, types.UnionType) and type(None) in args
+    if nullable:
+        (hint,) = [a for a in args if a is not type(None)]
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint):
+        if value is None and nullable:
+            return None
+        _expect(value, _object, where, null=nullable)
+        return load_section(hint, value, where)
+    origin = get_origin(hint)
+    if origin is list:
+        _expect(value, _list, where, null=nullable)
+        if value is None:
+            return None
+        (item,) = get_args(hint)
+        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _expect(value, _object, where, null=nullable)
+        if value is None:
+            return None
+        item = get_args(hint)[1]
+        return {k: _coerce(item, v, f"{where}.{k}") for k, v in value.items()}
+    _expect(value, _SCALARS[hint], where, null=nullable)
+    return value

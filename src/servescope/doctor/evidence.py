@@ -235,7 +235,7 @@ class Evidence:
 
     @classmethod
     def from_report(cls, report: Any) -> Evidence:
-        data = report.extra.get("evidence")
+        data = report.diagnosis.evidence if report.diagnosis is not None else None
         if data is None:
             raise MissingEvidence("this report has no doctor evidence (it was not made by `servescope doctor`)")
         warm_p50 = (data.get("warm") or {}).get("p50_ms") if isinstance(data, dict) else None

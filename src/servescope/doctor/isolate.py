@@ -30,7 +30,8 @@ from typing import Any, Callable
 from ..exceptions import ConfigError
 from ..recorder import Recorder
 from ..report import Report
-from .run import MIN_OK_REQUESTS, DoctorOptions, Verdict
+from ..sections import Diagnosis, Verdict
+from .run import MIN_OK_REQUESTS, DoctorOptions
 
 __all__ = ["PHASES", "diagnose_isolated"]
 
@@ -66,9 +67,7 @@ def _tail(path: Path) -> list[str]:
 def _undiagnosed(reason: str, target_name: str, log: list[str]) -> Report:
     report = Recorder().report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name)
     report.meta["diagnosed"] = False
-    report.extra["verdict"] = Verdict(diagnosed=False, reason=reason).to_dict()
-    if log:
-        report.extra["endpoint_output"] = log
+    report.diagnosis = Diagnosis(verdict=Verdict(diagnosed=False, reason=reason), endpoint_output=log)
     return report
 
 

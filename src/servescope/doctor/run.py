@@ -22,7 +22,7 @@ import os
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -31,6 +31,7 @@ from ..environment import available_cpus, idle_cpu_seconds
 from ..exceptions import ConfigError, EndpointError
 from ..recorder import Recorder
 from ..report import Report
+from ..sections import Diagnosis, Unattributed, Verdict  # (Verdict: importable from here as before)
 from .attribution import split_other, stage_windows
 from .evidence import (
     BatchProbe,
@@ -81,22 +82,6 @@ class DoctorOptions:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
-@dataclass
-class Verdict:
-    """Whether the run measured enough to diagnose, and if not, why."""
-
-    diagnosed: bool = True
-    reason: str = ""
-    #: failed requests by kind, all phases
-    failures: dict[str, int] = field(default_factory=dict)
-    #: for an app that answered 404/405: its routes ("POST /search") and what to pass
-    routes: list[str] = field(default_factory=list)
-    hint: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: A share of the request outside every stage above which the report says it cannot tell.
@@ -477,14 +462,12 @@ class _Run:
             rec.record_durations(stages, w.latency_ms, error=w.error)
         report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
         verdict = self.verdict()
-        report.extra["verdict"] = verdict.to_dict()
         if self.cold is not None:
             report.latency["first_ms"] = round(self.cold.latency_ms, 4)
         failures = sorted({x.error for x in [self.cold, *self.warm, *self.conc] if x is not None and x.error})
-        if failures:
-            report.extra["endpoint_errors"] = failures[:5]
-        if self.probes.disabled:
-            report.extra["probes_disabled"] = dict(self.probes.disabled)
+        diagnosis = report.diagnosis = Diagnosis(
+            verdict=verdict, endpoint_errors=failures[:5], probes_disabled=dict(self.probes.disabled)
+        )
         if not verdict.diagnosed:
             report.meta["diagnosed"] = False
             return report
@@ -548,10 +531,10 @@ class _Run:
             probes_disabled=dict(self.probes.disabled),
             probes_at_fault=self.probes_at_fault,
         )
-        report.extra["evidence"] = evidence.to_dict()
+        diagnosis.evidence = evidence.to_dict()
         other = (report.stages.get("other") or {}).get("share") or 0.0
         if other >= UNATTRIBUTED_SHARE:
-            report.extra["unattributed"] = {"share": round(other, 3)}
+            diagnosis.unattributed = Unattributed(share=round(other, 3))
         from ..rules import diagnose_report
 
         report.findings = diagnose_report(report)
@@ -567,7 +550,7 @@ def diagnose(
     target_name: str = "",
 ) -> Report:
     """Run the endpoint under probes, in this process, and return the Report: its verdict
-    (``extra["verdict"]``), findings and what could not be checked. The command line runs
+    (``report.diagnosis.verdict``), findings and what could not be checked. The command line runs
     this in a child process (``isolate.py``); call it directly for an endpoint you trust
     to return."""
     options = options or DoctorOptions()

@@ -11,8 +11,9 @@ import time
 from typing import Any
 
 from ..report import Report
+from ..sections import Diagnosis, Load, Verdict
 from .evidence import Cold, Concurrent, Evidence, Warm
-from .run import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions, Verdict
+from .run import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
 from .targets import payload_bytes
 
 __all__ = ["diagnose_url"]
@@ -32,22 +33,24 @@ def diagnose_url(url: str, *, payload: Any, options: DoctorOptions | None = None
     sent = (seq.latency.get("count") or 0) + sum(seq.errors.values())
     ok = seq.latency.get("count") or 0
     verdict = Verdict(failures=dict(seq.errors))
+    diagnosis = seq.diagnosis = Diagnosis(verdict=verdict)
+    seq_load, par_load = seq.load or Load(), Load()
     if ok < max(MIN_OK_REQUESTS, MIN_OK_SHARE * sent):
         verdict.diagnosed = False
-        first = seq.extra.get("first_error") or next(iter(seq.errors), "no answer")
+        first = seq_load.first_error or next(iter(seq.errors), "no answer")
         verdict.reason = f"{sent - ok} of {sent} requests failed; the first: {first}"
-        seq.extra["verdict"] = verdict.to_dict()
         seq.meta["diagnosed"] = False
         return seq
     [par] = run_bench(BenchOptions(url=url, concurrency=[options.concurrency], requests=options.concurrent_requests, **common))
-    seq_rps, par_rps = seq.extra.get("throughput_rps"), par.extra.get("throughput_rps")
+    par_load = par.load or par_load
+    seq_rps, par_rps = seq_load.throughput_rps, par_load.throughput_rps
     par_errors = sum(par.errors.values())
     for kind, n in par.errors.items():
         verdict.failures[kind] = verdict.failures.get(kind, 0) + n
     p50 = seq.latency.get("p50_ms")
     evidence = Evidence(
         target_kind="url",
-        cold=Cold(latency_ms=seq.latency.get("first_ms") or 0.0, error=seq.extra.get("first_error")),
+        cold=Cold(latency_ms=seq.latency.get("first_ms") or 0.0, error=seq_load.first_error),
         warm=Warm(requests=sent, errors=sent - ok, p50_ms=p50),
         concurrent=Concurrent(
             concurrency=options.concurrency,
@@ -68,12 +71,11 @@ def diagnose_url(url: str, *, payload: Any, options: DoctorOptions | None = None
         probes_at_fault="there are no probes from outside the process (--url); run the doctor on the code",
         scaling=round(par_rps / seq_rps, 2) if seq_rps and par_rps else None,
     )
-    seq.extra["evidence"] = evidence.to_dict()
-    seq.extra["verdict"] = verdict.to_dict()
+    diagnosis.evidence = evidence.to_dict()
     seq.findings = diagnose_report(seq)
     scale = evidence.scaling
     if scale is not None:
-        seq.extra["scaling_note"] = (
+        diagnosis.scaling_note = (
             f"Concurrency scaling: 1 caller {seq_rps:.1f} req/s, {options.concurrency} callers {par_rps:.1f} req/s ({scale:.2f}x)"
             + ("; requests are served one at a time: run the doctor on the code (TARGET) to see why" if scale < 1.3 else "")
         )

@@ -10,6 +10,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from ..report import Finding, Report
+from ..sections import Diagnosis
 
 __all__ = ["doctor_sections", "saving_text"]
 
@@ -29,19 +30,20 @@ def saving_text(f: Finding) -> str:
 
 
 def _verdict(report: Report) -> list[Any]:
-    v = report.extra.get("verdict") or {}
-    if v.get("diagnosed", True):
+    diagnosis = report.diagnosis or Diagnosis()
+    v = diagnosis.verdict
+    if v is None or v.diagnosed:
         return []
-    out: list[Any] = [Text("Could not diagnose this endpoint: " + str(v.get("reason") or "no request succeeded"), style="bold red")]
-    failures = v.get("failures") or {}
+    out: list[Any] = [Text("Could not diagnose this endpoint: " + (v.reason or "no request succeeded"), style="bold red")]
+    failures = v.failures
     if failures:
         kinds = ", ".join(f"{k}: {n}" for k, n in sorted(failures.items(), key=lambda kv: -kv[1]))
         out.append(Padding(Text(f"failed requests by kind: {kinds}"), (0, 0, 0, 4)))
-    if v.get("routes"):
-        out.append(Padding(Text("the app's routes: " + ", ".join(v["routes"])), (0, 0, 0, 4)))
-    if v.get("hint"):
-        out.append(Padding(Text(v["hint"], style="bold"), (0, 0, 0, 4)))
-    lines = report.extra.get("endpoint_output") or []
+    if v.routes:
+        out.append(Padding(Text("the app's routes: " + ", ".join(v.routes)), (0, 0, 0, 4)))
+    if v.hint:
+        out.append(Padding(Text(v.hint, style="bold"), (0, 0, 0, 4)))
+    lines = diagnosis.endpoint_output
     if lines:
         out.append(Padding(Text("the endpoint's last output:\n" + "\n".join(lines), style="dim"), (0, 0, 0, 4)))
     out.append(Text("No findings: nothing was measured that a diagnosis could rest on (exit status 3).", style="red"))
@@ -73,20 +75,20 @@ def doctor_sections(report: Report) -> list[Any]:
             out.append(Padding(Text(f.detail), (0, 0, 0, 4)))
         if f.fix:
             out.append(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default"), (0, 0, 1, 4)))
-    unattributed = report.extra.get("unattributed") or {}
-    if unattributed.get("share"):
+    diagnosis = report.diagnosis or Diagnosis()
+    unattributed = diagnosis.unattributed
+    if unattributed is not None and unattributed.share:
         out.append(
             Text(
-                f"{unattributed['share'] * 100:.0f}% of each request is outside every stage the probes know (the framework, "
+                f"{unattributed.share * 100:.0f}% of each request is outside every stage the probes know (the framework, "
                 "or code that calls no model, loader or serializer they see): the breakdown cannot say what it is. "
                 "servescope.stage() around your own steps names it.",
                 style="yellow",
             )
         )
-    disabled = report.extra.get("probes_disabled") or {}
-    for name, why in disabled.items():
+    for name, why in diagnosis.probes_disabled.items():
         out.append(Text(f"Probe switched off mid-run: {name} ({why}); the endpoint's calls went on unprobed.", style="yellow"))
-    not_checked = report.extra.get("not_checked") or {}
+    not_checked = diagnosis.not_checked
     if not_checked:
         out.append(Text(f"Not checked ({len(not_checked)}):", style="bold"))
         for rule, why in not_checked.items():

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..compare import Comparison
 from ..report import Report
+from ..sections import Load
 from .terminal import stage_label
 
 __all__ = ["ComparisonHTMLRenderer", "HTMLRenderer", "render_comparison_html", "render_html"]
@@ -43,14 +44,15 @@ def _headline(rep: Report) -> str:
         f"<p class=big>Baseline p50 latency: <b>{_f(lat.get('p50_ms'))} ms</b> · p95: <b>{_f(lat.get('p95_ms'))} ms</b>"
         f" · p99: {_f(lat.get('p99_ms'))} ms · max: {_f(lat.get('max_ms'))} ms ({lat.get('count')} requests)</p>"
     ]
-    if rep.extra.get("throughput_rps") is not None:
-        parts.append(f"<p>Throughput: <b>{rep.extra['throughput_rps']:.1f} requests/s</b></p>")
+    load = rep.load or Load()
+    if load.throughput_rps is not None:
+        parts.append(f"<p>Throughput: <b>{load.throughput_rps:.1f} requests/s</b></p>")
     if lat.get("first_ms") is not None:
         parts.append(f"<p>First request: {_f(lat['first_ms'])} ms</p>")
     if rep.errors:
         errs = ", ".join(f"{html.escape(k)}: {v}" for k, v in rep.errors.items())
         parts.append(f"<p><b>Errors:</b> {errs}</p>")
-    hint = (rep.extra.get("server_timing") or {}).get("hint")
+    hint = load.server_timing.hint if load.server_timing is not None else None
     if hint:
         parts.append(f"<p class=muted>{html.escape(hint)}</p>")
     return "\n".join(parts)
@@ -179,19 +181,20 @@ def _sweep(rows: list[dict[str, Any]]) -> str:
 def _cluster(rep: Report) -> str:
     """bench --ray: each generator's row; servescope on Ray Serve: answers per replica."""
     out = []
-    gens = rep.extra.get("generators") or []
+    load = rep.load or Load()
+    gens = load.generators
     if gens:
         out.append("<h2>Load generators</h2><table><tr><th>generator</th><th>node</th><th>requests</th>"
                    "<th>CPU us/request</th><th>start late ms</th></tr>")  # fmt: skip
         for g in gens:
             out.append(
-                f"<tr><td>{g['generator']}</td><td>{html.escape(str(g['node']))}</td><td>{g['requests']}</td>"
-                f"<td>{_f(g['cpu_us_per_request'], 1)}</td><td>{_f(g['start_late_ms'])}</td></tr>"
+                f"<tr><td>{g.generator}</td><td>{html.escape(str(g.node))}</td><td>{g.requests}</td>"
+                f"<td>{_f(g.cpu_us_per_request, 1)}</td><td>{_f(g.start_late_ms)}</td></tr>"
             )
         out.append("</table>")
-        for lost in rep.extra.get("generators_lost") or []:
+        for lost in load.generators_lost:
             out.append(f'<div class="finding high">lost: {html.escape(str(lost))}</div>')
-    replicas = rep.extra.get("replicas") or {}
+    replicas = load.replicas
     if replicas:
         out.append("<h2>Replicas that answered</h2><table><tr><th>replica</th><th>answers</th></tr>")
         out += [f"<tr><td>{html.escape(str(r))}</td><td>{n}</td></tr>" for r, n in replicas.items()]

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..report import Finding, Report
+from ..sections import SECTIONS, Diagnosis, Load
 from .base import console_text
 
 __all__ = ["MAX_FINDINGS_SHOWN", "MAX_STAGES_SHOWN", "TerminalRenderer", "plain", "render_terminal", "stage_label"]
@@ -85,7 +86,12 @@ def _displayable(report: Report) -> tuple[Report, int, int]:
         errors=_clean(report.errors),
         meta=_clean(report.meta),
         created=report.created,
-        extra=_clean({k: v for k, v in report.extra.items() if k not in ("levels", "sweep")}),
+        unknown=_clean(report.unknown),
+        **{  # the sweep has its own view
+            name: section.from_dict(_clean(getattr(report, name).to_dict()))
+            for name, section in SECTIONS.items()
+            if name != "sweep" and getattr(report, name) is not None
+        },
     )
     return shown, max(len(stages) - MAX_STAGES_SHOWN, 0), max(len(findings) - MAX_FINDINGS_SHOWN, 0)
 
@@ -116,13 +122,13 @@ def _headline(report: Report) -> list[Text]:
         t.append(f"{_ms(lat['p95_ms'])} ms", style="bold yellow")
         t.append(f" · p99: {_ms(lat['p99_ms'])} ms · max: {_ms(lat['max_ms'])} ms   ({lat['count']} requests)")
         lines.append(t)
-    tput = report.extra.get("throughput_rps")
-    if tput is not None:
-        lines.append(Text(f"Throughput: {tput:.1f} requests/s"))
-    gens = report.extra.get("generators")
+    load = report.load or Load()
+    diagnosis = report.diagnosis or Diagnosis()
+    if load.throughput_rps is not None:
+        lines.append(Text(f"Throughput: {load.throughput_rps:.1f} requests/s"))
+    gens, lost = load.generators, load.generators_lost
     if gens:  # bench --ray: where the load came from
-        nodes = len({g["node"] for g in gens})
-        lost = report.extra.get("generators_lost") or []
+        nodes = len({g.node for g in gens})
         lines.append(
             Text(
                 f"Load from {report.meta.get('generators', len(gens))} generator(s) on {nodes} node(s)"
@@ -130,7 +136,7 @@ def _headline(report: Report) -> list[Text]:
                 style="yellow" if lost else "",
             )
         )
-    replicas = report.extra.get("replicas")
+    replicas = load.replicas
     if replicas:  # servescope on Ray Serve: who answered
         lines.append(Text(f"Answered by {len(replicas)} replica(s): " + ", ".join(f"{r} {n}" for r, n in replicas.items())))
     first = lat.get("first_ms")
@@ -148,29 +154,29 @@ def _headline(report: Report) -> list[Text]:
         t.append("Breakdown (mean per request): ", style="bold")
         t.append(" · ".join(parts))
         lines.append(t)
-    gen = report.extra.get("generator") or {}
-    if gen.get("behind"):
+    gen = load.generator
+    if gen is not None and gen.behind:
         lines.append(
             Text(
-                f"The load generator fell behind its schedule (p99 lag {gen['schedule_lag_p99_ms']} ms): "
+                f"The load generator fell behind its schedule (p99 lag {gen.schedule_lag_p99_ms} ms): "
                 "its own delay is in these latencies; lower the rate or run it on another machine.",
                 style="yellow",
             )
         )
-    hint = (report.extra.get("server_timing") or {}).get("hint")
+    hint = load.server_timing.hint if load.server_timing is not None else None
     if hint:
         lines.append(Text(f"No per-stage breakdown: {hint}.", style="dim"))
-    if report.extra.get("scaling_note"):
-        lines.append(Text(report.extra["scaling_note"]))
-    for err in report.extra.get("endpoint_errors") or []:
+    if diagnosis.scaling_note:
+        lines.append(Text(diagnosis.scaling_note))
+    for err in diagnosis.endpoint_errors:
         lines.append(Text(f"The endpoint failed: {err}", style="red"))
-    folded = report.extra.get("folded_stage_names")
+    folded = report.folded_stage_names
     if folded:
-        examples = ", ".join(repr(n) for n in folded.get("examples", []))
+        examples = ", ".join(repr(n) for n in folded.examples)
         lines.append(
             Text(
-                f"More than {folded.get('limit')} stage names of your own: later ones ({examples} ...) are counted "
-                f"together as {folded.get('into')!r}. Stage names should be a fixed set: put ids elsewhere.",
+                f"More than {folded.limit} stage names of your own: later ones ({examples} ...) are counted "
+                f"together as {folded.into!r}. Stage names should be a fixed set: put ids elsewhere.",
                 style="yellow",
             )
         )

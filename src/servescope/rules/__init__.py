@@ -94,12 +94,10 @@ def cap_savings(findings: list[Finding], p50_ms: float) -> None:
 
 def diagnose_report(report: Report) -> list[Finding]:
     """Diagnose a report from its evidence; records what was not checked in
-    ``report.extra["not_checked"]`` and returns the findings."""
+    ``report.diagnosis.not_checked`` and returns the findings."""
     diagnosis = diagnose_evidence(Evidence.from_report(report))
-    if diagnosis.not_checked:
-        report.extra["not_checked"] = diagnosis.not_checked
-    else:
-        report.extra.pop("not_checked", None)
+    if report.diagnosis is not None:  # (Evidence.from_report found one)
+        report.diagnosis.not_checked = dict(diagnosis.not_checked)
     return diagnosis.findings
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
+import re
 import socket
 import threading
 import time
@@ -28,26 +30,44 @@ __all__ = ["ASGITarget", "REQUEST_ID_HEADER", "WSGITarget", "free_port"]
 #: The header each sequential request carries, so its server-side trace is found by id.
 REQUEST_ID_HEADER = "X-Servescope-Doctor-Request"
 _REQUEST_ID_BYTES = REQUEST_ID_HEADER.lower().encode()
+#: Every answer names its request's id in a Server-Timing entry (as a replica on Ray names
+#: itself): the load generator of the concurrent phase sends the same bytes each time, and
+#: keeps each answer's Server-Timing, so that is how its results find their traces.
+REQUEST_ID_ENTRY = "servescope-doctor-request"
+_ID_IN_TIMING = re.compile(rb'servescope-doctor-request;desc="([^"]*)"')
+_server_ids = itertools.count(1)
+
+
+def _request_id(sent: str | None) -> str:
+    """The id the client sent, or one the server gives a request that came without."""
+    return sent or f"s{next(_server_ids)}"
+
+
+def _timing_entry(rid: str) -> bytes:
+    return f'{REQUEST_ID_ENTRY};desc="{rid}"'.encode("latin-1")
 
 
 class _Collector:
     """An exporter that keeps each finished server-side trace with its evidence."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[Trace, dict[str, Any] | None]] = []
         self.by_id: dict[str, tuple[Trace, dict[str, Any]]] = {}
         self.lock = threading.Lock()
 
     def export(self, trace: Trace, info: Any) -> None:
         ev = current_evidence()
-        with self.lock:
-            self.items.append((trace, ev))
-            if ev is not None and ev.get("request_id"):
+        if ev is not None and ev.get("request_id"):
+            with self.lock:
                 self.by_id[ev["request_id"]] = (trace, ev)
 
     def find(self, rid: str) -> tuple[Trace, dict[str, Any]] | None:
         with self.lock:
             return self.by_id.pop(rid, None)
+
+    def forget(self) -> None:
+        """Drop the traces no client result claimed (requests abandoned, or still running)."""
+        with self.lock:
+            self.by_id.clear()
 
 
 class _HTTPTarget:
@@ -112,7 +132,6 @@ class _HTTPTarget:
 
         target = Target.parse(self.url)
         raw = build_requests(target, method="POST", bodies=[body], content_type="application/json")
-        before = len(self.collector.items)
         gen = LoadGenerator(target, raw, timeout_s=timeout_s)
         t0 = time.perf_counter()
 
@@ -128,16 +147,16 @@ class _HTTPTarget:
 
         results = asyncio.run(run())
         elapsed = time.perf_counter() - t0
-        with self.collector.lock:
-            traces = self.collector.items[before:]
         obs = []
         # (the generator's word for a request still in flight at the end is UNFINISHED's)
-        # traces arrive in the order the server finished them, results in the order the client
-        # saw them: the same order for all but near-ties, and only their aggregates are used
-        for i, r in enumerate(results):
+        # each result finds its trace by the id its answer named: a request that got no
+        # answer has no trace, and never takes another's
+        for r in results:
             err = error_kind(r)
-            tr, ev = traces[i] if i < len(traces) else (None, None)
+            m = _ID_IN_TIMING.search(r[4]) if isinstance(r[4], bytes) else None
+            tr, ev = (self.collector.find(m.group(1).decode("latin-1")) if m else None) or (None, None)
             obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}))
+        self.collector.forget()
         return obs, elapsed
 
 
@@ -154,12 +173,18 @@ class _EvidenceASGI:
             if self._monitor is None:
                 self._monitor = asyncio.ensure_future(lag_monitor(self.lag_ms))
             ev = new_evidence()
-            for name, value in scope.get("headers") or ():
-                if name == _REQUEST_ID_BYTES:
-                    ev["request_id"] = value.decode("latin-1")
+            sent = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k == _REQUEST_ID_BYTES), None)
+            ev["request_id"] = rid = _request_id(sent)
+            entry = _timing_entry(rid)
+
+            async def send_with_id(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", ()), (b"server-timing", entry)]}
+                await send(message)
+
             token = set_evidence(ev)
             try:
-                await self.app(scope, receive, send)
+                await self.app(scope, receive, send_with_id)
             finally:
                 reset_evidence(token)
         else:
@@ -245,11 +270,14 @@ class WSGITarget(_HTTPTarget):
 
         def with_evidence(environ: dict[str, Any], start_response: Any) -> Any:
             ev = new_evidence()  # each request has its own server thread
-            rid = environ.get("HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_"))
-            if rid:
-                ev["request_id"] = rid
+            ev["request_id"] = rid = _request_id(environ.get("HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_")))
+            entry = _timing_entry(rid).decode("latin-1")
+
+            def start_with_id(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+                return start_response(status, [*headers, ("Server-Timing", entry)], exc_info)
+
             set_evidence(ev)
-            return inner(environ, start_response)
+            return inner(environ, start_with_id)
 
         self.app = with_evidence
         self._server: Any = None

@@ -1,0 +1,347 @@
+"""The typed sections of a Report: what each tool adds beside the statistics.
+
+    report.load.throughput_rps              # servescope bench
+    report.diagnosis.verdict.diagnosed      # servescope doctor
+    report.folded_stage_names.examples      # a Recorder that saw too many stage names
+
+Each section is a small dataclass whose JSON form is its fields (docs/report-schema.md), under
+its own key at the report's top level. A key a section does not know (a newer servescope wrote
+it) is kept in ``unknown`` and written back, never dropped. Each section also says how
+``Report.combine`` merges it: summed, joined, kept from the first report, or not merged at all
+(then the combined report's ``meta["not_combined"]`` says what was left out, and why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, get_type_hints
+
+from .schema import dump_section, load_section, load_value
+
+__all__ = [
+    "Diagnosis",
+    "ExtraView",
+    "FoldedStages",
+    "GeneratorHealth",
+    "GeneratorRow",
+    "Load",
+    "Requests",
+    "SECTIONS",
+    "Section",
+    "ServerTimingCounts",
+    "Sweep",
+    "SweepRow",
+    "Unattributed",
+    "V1_FIELDS",
+    "Verdict",
+]
+
+Notes = dict[str, str]
+
+
+@dataclass(kw_only=True)
+class Section:
+    """A part of the report with a JSON form; ``unknown`` keeps the keys this version does not know."""
+
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_section(self)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "") -> Any:
+        """From the JSON form; a value of the wrong type is a ``ReportError`` naming ``where.field``."""
+        return load_section(cls, data, where or cls.key)
+
+    #: the section's key at the report's top level
+    key: ClassVar[str] = ""
+
+    @classmethod
+    def combine(cls, parts: list[Any], notes: Notes) -> Any:
+        """One section from the reports' (``None`` where a report has none); what cannot be
+        merged is left out and said in ``notes`` (field -> why). Default: not mergeable."""
+        if any(p is not None for p in parts):
+            notes[cls.key] = cls.not_mergeable
+        return None
+
+    not_mergeable: ClassVar[str] = "describes one run and cannot be merged"
+
+
+# -- servescope bench -------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class Requests(Section):
+    """Requests sent in the measured window, those that succeeded, and those of the warm-up."""
+
+    measured: int = 0
+    ok: int = 0
+    warmup: int = 0
+
+
+@dataclass(kw_only=True)
+class ServerTimingCounts(Section):
+    """How many responses carried a Server-Timing header, and how many of those were set aside."""
+
+    responses_with_header: int = 0
+    #: unreadable, a duration over one day, or over the size kept (``too_large`` counted here too)
+    malformed: int = 0
+    too_large: int = 0
+    #: what to do when the server sent none (null when some did)
+    hint: str | None = None
+
+
+@dataclass(kw_only=True)
+class GeneratorHealth(Section):
+    """Whether the load generator kept its schedule (open loop), and what it cost."""
+
+    schedule_lag_p50_ms: float | None = None
+    schedule_lag_p99_ms: float | None = None
+    behind: bool | None = None
+    cpu_us_per_request: float | None = None
+
+
+@dataclass(kw_only=True)
+class GeneratorRow(Section):
+    """One Ray load generator of ``bench --ray``."""
+
+    generator: int
+    node: str
+    requests: int = 0
+    cpu_us_per_request: float | None = None
+    start_late_ms: float | None = None
+
+
+@dataclass(kw_only=True)
+class Load(Section):
+    """What ``servescope bench`` measured beside the latency statistics.
+
+    Combined: ``requests``, ``server_timing`` counts and ``replicas`` are summed, ``generators``
+    and ``generators_lost`` joined, ``first_error`` kept from the first report that has one;
+    ``throughput_rps`` (the runs' windows may overlap or not), ``uncorrected`` and ``generator``
+    (percentiles, which are never averaged) are left out, with a note."""
+
+    key: ClassVar[str] = "load"
+
+    throughput_rps: float | None = None
+    requests: Requests | None = None
+    #: latency from the actual send (open loop: without the coordinated-omission correction)
+    uncorrected: dict[str, float | None] | None = None
+    server_timing: ServerTimingCounts | None = None
+    generator: GeneratorHealth | None = None
+    #: replica id -> answers, from ``replica;desc=...`` in the Server-Timing
+    replicas: dict[str, int] = field(default_factory=dict)
+    #: the cold first request's error
+    first_error: str | None = None
+    generators: list[GeneratorRow] = field(default_factory=list)
+    #: why each lost generator was lost (the others' results are kept)
+    generators_lost: list[str] = field(default_factory=list)
+
+    @classmethod
+    def combine(cls, parts: list[Any], notes: Notes) -> Load | None:
+        have: list[Load] = [p for p in parts if p is not None]
+        if not have:
+            return None
+        out = Load()
+        for name, why in (
+            ("throughput_rps", "each run's throughput is over its own window, which may or may not overlap the others'"),
+            ("uncorrected", "percentiles are never averaged, and these keep no distribution to merge"),
+            ("generator", "schedule-lag percentiles are never averaged, and these keep no distribution to merge"),
+        ):
+            if any(getattr(p, name) is not None for p in have):
+                notes[f"load.{name}"] = why
+        requests = [p.requests for p in have if p.requests is not None]
+        if requests:
+            out.requests = Requests(**{f: sum(getattr(r, f) for r in requests) for f in ("measured", "ok", "warmup")})
+        timing = [p.server_timing for p in have if p.server_timing is not None]
+        if timing:
+            counts = {f: sum(getattr(t, f) for t in timing) for f in ("responses_with_header", "malformed", "too_large")}
+            hint = None if counts["responses_with_header"] else next((t.hint for t in timing if t.hint), None)
+            out.server_timing = ServerTimingCounts(**counts, hint=hint)
+        for p in have:
+            for rid, n in p.replicas.items():
+                out.replicas[rid] = out.replicas.get(rid, 0) + n
+            out.generators.extend(p.generators)
+            out.generators_lost.extend(p.generators_lost)
+        out.replicas = dict(sorted(out.replicas.items()))
+        out.first_error = next((p.first_error for p in have if p.first_error), None)
+        return out
+
+
+@dataclass(kw_only=True)
+class SweepRow(Section):
+    """One load level of a sweep: the throughput-latency curve's point."""
+
+    level: float | None = None
+    mode: str = "concurrency"
+    throughput_rps: float | None = None
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    errors: int = 0
+
+
+@dataclass(kw_only=True)
+class Sweep(Section):
+    """Several load levels in one run: a row per level, and each level's report (without its
+    distributions or samples). Not combined: a sweep is one run's curve."""
+
+    key: ClassVar[str] = "sweep"
+    not_mergeable: ClassVar[str] = "a sweep is one run's levels; combine the levels' own reports instead"
+
+    rows: list[SweepRow] = field(default_factory=list)
+    levels: list[dict[str, Any]] = field(default_factory=list)
+
+
+# -- servescope doctor ------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class Verdict(Section):
+    """Whether the run measured enough to diagnose, and if not, why."""
+
+    diagnosed: bool = True
+    reason: str = ""
+    #: failed requests by kind, all phases
+    failures: dict[str, int] = field(default_factory=dict)
+    #: for an app that answered 404/405: its routes ("POST /search") and what to pass
+    routes: list[str] = field(default_factory=list)
+    hint: str = ""
+
+
+@dataclass(kw_only=True)
+class Unattributed(Section):
+    """The share of each request outside every stage the probes know."""
+
+    share: float | None = None
+
+
+@dataclass(kw_only=True)
+class Diagnosis(Section):
+    """What ``servescope doctor`` concluded and what it rests on. ``evidence`` is the doctor's
+    ``Evidence`` in its JSON form (doctor/evidence.py; ``Evidence.from_report`` reads it, and
+    checks it, where the rules need it). Not combined: a diagnosis is of one run's evidence."""
+
+    key: ClassVar[str] = "diagnosis"
+    not_mergeable: ClassVar[str] = "a diagnosis is of one run's evidence; diagnose each run, or the combined figures again"
+
+    verdict: Verdict | None = None
+    evidence: dict[str, Any] | None = None
+    #: rule id -> why it was not checked
+    not_checked: dict[str, str] = field(default_factory=dict)
+    #: probe name -> why it was switched off mid-run
+    probes_disabled: dict[str, str] = field(default_factory=dict)
+    unattributed: Unattributed | None = None
+    #: the first few failures, as the endpoint raised them
+    endpoint_errors: list[str] = field(default_factory=list)
+    #: the endpoint's last lines of output, when it could not start
+    endpoint_output: list[str] = field(default_factory=list)
+    #: how throughput scaled with callers (``--url``)
+    scaling_note: str | None = None
+
+
+# -- the recorder -----------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class FoldedStages(Section):
+    """More stage names of the user's own than ``limit`` were seen: those past it (the first
+    few in ``examples``) were counted together, one sample per request, under ``into``.
+
+    Combined: the examples joined (first seen first), the smallest limit, ``into`` kept."""
+
+    key: ClassVar[str] = "folded_stage_names"
+
+    limit: int = 0
+    examples: list[str] = field(default_factory=list)
+    into: str = "(more stages)"
+
+    @classmethod
+    def combine(cls, parts: list[Any], notes: Notes) -> FoldedStages | None:
+        have: list[FoldedStages] = [p for p in parts if p is not None]
+        if not have:
+            return None
+        examples = list(dict.fromkeys(name for p in have for name in p.examples))
+        return FoldedStages(limit=min(p.limit for p in have), examples=examples, into=have[0].into)
+
+
+#: Every section, by its key at the report's top level (and the Report attribute of that name).
+SECTIONS: dict[str, type[Section]] = {cls.key: cls for cls in (Load, Sweep, Diagnosis, FoldedStages)}
+
+#: Schema version 1 kept these fields at the top level: field -> (section key, its field there;
+#: None for the whole section). ``Report.extra`` still answers to these names.
+V1_FIELDS: dict[str, tuple[str, str | None]] = {
+    **{f.name: ("load", f.name) for f in fields(Load) if f.name != "unknown"},
+    "sweep": ("sweep", "rows"),
+    "levels": ("sweep", "levels"),
+    **{f.name: ("diagnosis", f.name) for f in fields(Diagnosis) if f.name != "unknown"},
+    "folded_stage_names": ("folded_stage_names", None),
+}
+
+
+class ExtraView(MutableMapping[str, Any]):
+    """``Report.extra``: the report's sections under their version-1 names (``throughput_rps``,
+    ``verdict`` ...) as JSON values, and every other top-level key as it is.
+
+    Kept so scripts written against ``report.extra[...]`` go on working; new code reads the
+    typed sections (``report.load.throughput_rps``). A value read is a copy in JSON form (change
+    the section, not it); a value set is checked and goes into its section. A field that is
+    empty (None, [] or {}) reads as absent, as version 1 left such fields out."""
+
+    def __init__(self, report: Any) -> None:
+        self._report = report
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in V1_FIELDS:
+            return self._report.unknown[key]
+        value = self._value(key)
+        if value is None or value == [] or value == {}:
+            raise KeyError(key)
+        return dump_section(value)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in V1_FIELDS:
+            self._report.unknown[key] = value
+            return
+        name, attr = V1_FIELDS[key]
+        cls = SECTIONS[name]
+        if attr is None:
+            setattr(self._report, name, None if value is None else cls.from_dict(value, where=key))
+            return
+        section = getattr(self._report, name)
+        if section is None:
+            section = cls()
+            setattr(self._report, name, section)
+        setattr(section, attr, load_value(get_type_hints(cls)[attr], value, key))
+
+    def __delitem__(self, key: str) -> None:
+        if key not in V1_FIELDS:
+            del self._report.unknown[key]
+            return
+        if key not in self:
+            raise KeyError(key)
+        name, attr = V1_FIELDS[key]
+        if attr is None:
+            setattr(self._report, name, None)
+        else:
+            f = next(f for f in fields(SECTIONS[name]) if f.name == attr)
+            empty = f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
+            setattr(getattr(self._report, name), attr, empty)
+
+    def __iter__(self) -> Iterator[str]:
+        for key in V1_FIELDS:
+            if key in self:
+                yield key
+        yield from list(self._report.unknown)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, key: object) -> bool:
+        if key not in V1_FIELDS:
+            return key in self._report.unknown
+        value = self._value(key)  # type: ignore[arg-type]
+        return not (value is None or value == [] or value == {})
+
+    def _value(self, key: str) -> Any:
+        name, attr = V1_FIELDS[key]
+        section = getattr(self._report, name)
+        return section if attr is None or section is None else getattr(section, attr)
+
+    def __repr__(self) -> str:
+        return f"ExtraView({dict(self)!r})"
