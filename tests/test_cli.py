@@ -195,7 +195,7 @@ def test_report_diagnose_says_why_it_cannot(tmp_path, clock, capsys):
     err = capsys.readouterr().err
     assert "no doctor evidence" in err and "servescope doctor" in err and len(err.strip().splitlines()) == 1
     undiagnosed = json.loads(bench.read_text())
-    undiagnosed["verdict"] = {"diagnosed": False, "reason": "every request failed (HTTP 404)"}
+    undiagnosed["diagnosis"] = {"verdict": {"diagnosed": False, "reason": "every request failed (HTTP 404)"}}
     path = tmp_path / "undiagnosed.json"
     path.write_text(json.dumps(undiagnosed))
     assert main(["report", str(path), "--diagnose"]) == 3  # never a clean bill for a run that measured nothing

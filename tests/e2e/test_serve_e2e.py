@@ -227,3 +227,68 @@ def _status(url: str, data: bytes | None = None) -> int:
         return exc.code
     except OSError:
         return 0
+
+
+# -- HTTP limits: what one client may cost the server ------------------------------------------
+
+
+def _raw(port: int, data: bytes, *, wait_s: float = 10.0) -> bytes:
+    """Send ``data`` on a fresh connection; what the server answers before it closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except OSError:  # reset after the answer: what was read stands
+            pass
+        return b"".join(chunks)
+
+
+@pytest.fixture(scope="module")
+def limited():
+    proc, url = start("--header-timeout", "1s", "--body-timeout", "1s", "--max-header-bytes", "8192", "--max-connections", "40")
+    yield proc, int(url.rsplit(":", 1)[1])
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+
+
+def test_a_head_over_the_limit_is_refused_before_it_is_read(limited):
+    proc, port = limited
+    before = rss_kb(proc.pid)
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 * 1024 * 1024) + b"\r\n\r\n"
+    t = time.monotonic()
+    answer = _raw(port, head)
+    assert answer.startswith(b"HTTP/1.1 431") and b"request head over 8192 bytes" in answer
+    assert time.monotonic() - t < 10 and rss_kb(proc.pid) - before < 32 * 1024  # 64 MB sent, not kept
+
+
+def test_slow_heads_and_bodies_get_408_and_idle_connections_close(limited):
+    import socket
+
+    _, port = limited
+    t = time.monotonic()
+    assert _raw(port, b"POST /predict HTTP/1.1\r\nHost: x\r\n").startswith(b"HTTP/1.1 408")  # the head never ends
+    slow_body = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"x\""
+    answer = _raw(port, slow_body)
+    assert answer.startswith(b"HTTP/1.1 408") and b"request body not received within 1 s" in answer
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
+        assert idle.recv(1) == b""  # closed by the server, at the head deadline
+    assert time.monotonic() - t < 15
+
+
+def test_connections_beyond_the_limit_get_503_and_the_rest_are_served(limited):
+    import socket
+
+    _, port = limited
+    hold = [socket.create_connection(("127.0.0.1", port)) for _ in range(45)]
+    try:
+        req = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+        assert _raw(port, req).startswith(b"HTTP/1.1 503")
+    finally:
+        for s in hold:
+            s.close()
+    time.sleep(0.5)  # the server sees the held connections close
+    assert post(f"http://127.0.0.1:{port}").status == 200

@@ -28,11 +28,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..doctor.targets import is_asgi
     from ..loader import load_target
     from ..middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
+    from ..serve.limits import HttpLimits
 
     app = load_target(args.target)
     Probes().install()  # for the life of the process
     interface = "auto" if is_asgi(app) else "wsgi"
     middleware = ServescopeWSGIMiddleware if interface == "wsgi" else ServescopeMiddleware
     sys.stderr.write(f"servescope: serving {args.target}, instrumented, on http://{args.host}:{args.port}\n")
-    uvicorn.run(middleware(app), host=args.host, port=args.port, log_level="warning", access_log=False, interface=interface)
+    limits = HttpLimits().uvicorn_options()  # the same head and connection limits as servescope serve
+    uvicorn.run(middleware(app), host=args.host, port=args.port, log_level="warning", access_log=False, interface=interface, **limits)
     return 0

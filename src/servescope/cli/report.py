@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from ..doctor import exit_status
+    from ..doctor import diagnosed, exit_status
     from ..exceptions import ConfigError
     from ..renderers.terminal import render_terminal
     from ..report import Report
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         from ..doctor import MissingEvidence
         from ..rules import diagnose_report
 
-        if (report.extra.get("verdict") or {}).get("diagnosed", True):
+        if diagnosed(report):
             try:
                 report.findings = diagnose_report(report)
             except MissingEvidence as exc:

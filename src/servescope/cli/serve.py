@@ -21,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait-ms", metavar="MS", type=float, default=None, help="extra wait for a batch to fill (default 0)")
     parser.add_argument("--max-queue", metavar="N", type=positive_int, default=None, help="queued requests before 503 (default 256)")
     parser.add_argument("--timeout", metavar="DURATION", type=duration, default=None, help="per-request deadline, 504 after (default 30s)")
+    parser.add_argument("--max-body-bytes", metavar="N", type=positive_int, default=None, help="largest request body, 413 over it (default 1048576)")
+    parser.add_argument("--body-timeout", metavar="DURATION", type=duration, default=None, help="time to receive a request body, 408 after (default 30s)")
+    parser.add_argument("--max-header-bytes", metavar="N", type=positive_int, default=None, help="largest request head, 431 over it (default 65536)")
+    parser.add_argument("--header-timeout", metavar="DURATION", type=duration, default=None, help="time to receive a request head, 408 after; idle connections close (default 10s)")
+    parser.add_argument("--max-connections", metavar="N", type=positive_int, default=None, help="open connections, 503 beyond (default 1000, fewer under a lower open-files limit)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
     parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
     parser.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
@@ -31,8 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     import logging
-
-    import uvicorn
 
     from ..exceptions import ConfigError
     from ..loader import load_target
@@ -55,6 +58,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "device": args.device,
             "threads": args.threads,
             "debug_errors": args.debug_errors,
+            "max_body_bytes": args.max_body_bytes,
+            "body_timeout_s": args.body_timeout,
+            "max_header_bytes": args.max_header_bytes,
+            "header_timeout_s": args.header_timeout,
+            "max_connections": args.max_connections,
         }.items()
         if v is not None
     }
@@ -74,5 +82,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("servescope").setLevel(logging.INFO)
     sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} (loading...)\n")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+    app.run(args.host, args.port)
     return 0

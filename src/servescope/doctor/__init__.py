@@ -34,6 +34,7 @@ __all__ = [
     "Verdict",
     "diagnose",
     "diagnose_url",
+    "diagnosed",
     "exit_status",
 ]
 
@@ -45,11 +46,16 @@ def exit_status(report: Any, fail_on: str | None = None) -> int:
     ``fail_on`` says), 1 when a finding is at ``fail_on`` or worse, else 0."""
     from ..report import SEVERITIES
 
-    verdict = report.extra.get("verdict") or {}
-    if not verdict.get("diagnosed", True):
+    if not diagnosed(report):
         return EXIT_UNDIAGNOSED
     if fail_on is not None:
         worst = SEVERITIES.index(fail_on)
         if any(SEVERITIES.index(f.severity) <= worst for f in report.findings):
             return EXIT_FINDINGS
     return EXIT_DIAGNOSED
+
+
+def diagnosed(report: Any) -> bool:
+    """False when the run that made ``report`` said it could not diagnose (its verdict)."""
+    verdict = report.diagnosis.verdict if report.diagnosis is not None else None
+    return verdict is None or verdict.diagnosed

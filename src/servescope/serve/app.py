@@ -27,6 +27,7 @@ from ..recorder import Recorder
 from ..report import Report
 from ..servertiming import format_ns
 from .batching import Batcher, Item
+from .limits import HttpLimits
 from .model import Model
 from .runtime import Runtime
 
@@ -75,6 +76,10 @@ class ServeApp:
         max_queue: int = 256,
         timeout_s: float = 30.0,
         max_body_bytes: int = 1 << 20,
+        body_timeout_s: float = 30.0,
+        max_header_bytes: int = 64 * 1024,
+        header_timeout_s: float = 10.0,
+        max_connections: int | None = None,
         example: Any = None,
         device: str | None = None,
         threads: int | None = None,
@@ -104,6 +109,8 @@ class ServeApp:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
         if batch_timeout_s is not None and (not isinstance(batch_timeout_s, (int, float)) or not 0 < batch_timeout_s < float("inf")):
             raise ConfigError(f"batch_timeout_s must be a number of seconds > 0, got {batch_timeout_s!r}")
+        if not isinstance(body_timeout_s, (int, float)) or not 0 < body_timeout_s < float("inf"):
+            raise ConfigError(f"body_timeout_s must be a number of seconds > 0, got {body_timeout_s!r}")
         if on_stuck not in ("replace", "exit"):
             raise ConfigError(f"on_stuck must be 'replace' or 'exit', got {on_stuck!r}")
         if not isinstance(report_interval_s, (int, float)) or not 0 <= report_interval_s < float("inf"):
@@ -117,6 +124,13 @@ class ServeApp:
         self.on_stuck = on_stuck
         self.stuck: str | None = None  # the last stuck batch, as /ready and the log say it
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = float(body_timeout_s)
+        # the server's own limits (head size and time, connections): applied by run()
+        self.limits = HttpLimits(
+            max_header_bytes=max_header_bytes,
+            header_timeout_s=header_timeout_s,
+            **({"max_connections": max_connections} if max_connections is not None else {}),
+        )
         self._too_big = _error_body(f"request body over {max_body_bytes} bytes")
         self.runtime = Runtime(model, device=device, threads=threads)
         self.batcher = Batcher(self.runtime.process, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
@@ -259,6 +273,15 @@ class ServeApp:
         self.state = "stopping"
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop)
 
+    def run(self, host: str = "127.0.0.1", port: int = 8000, **uvicorn_options: Any) -> None:
+        """Serve on uvicorn with this app's HTTP limits (head size and deadline, connections)
+        until SIGINT/SIGTERM, which finish in-flight requests first. ``uvicorn module:app``
+        serves it too, with the body limits and deadlines but uvicorn's own head handling."""
+        import uvicorn
+
+        options = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 30, **self.limits.uvicorn_options()}
+        uvicorn.run(self, host=host, port=port, **{**options, **uvicorn_options})
+
     async def _report_body(self) -> bytes:
         """The /report body: the one built within the interval, the one being built, or a new one."""
         cached = self._report
@@ -346,15 +369,33 @@ class ServeApp:
                 accept = "msgpack"
         body = b""
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body_bytes:
-                await self._reply(send, 413, self._too_big, t0, {}, close=True)
-                return
+        # a body that does not arrive within body_timeout_s gets a 408: one timer that cancels
+        # this task's wait for it, not a wrapper task per read (this is every request's path)
+        task = asyncio.current_task()
+        expired: list[bool] = []
+        late = self._loop.call_later(self.body_timeout_s, _read_too_slow, task, expired) if task and self._loop else None
+        try:
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > self.max_body_bytes:
+                    await self._reply(send, 413, self._too_big, t0, {}, close=True)
+                    return
+        except asyncio.CancelledError:
+            if not expired:  # the server's cancel (shutdown), not ours
+                raise
+            if hasattr(task, "uncancel"):  # Python >= 3.11: this cancel is handled here
+                task.uncancel()  # type: ignore[union-attr]
+            late = None
+            msg = f"request body not received within {self.body_timeout_s:g} s"
+            await self._reply(send, 408, _error_body(msg), t0, {}, close=True)
+            return
+        finally:
+            if late is not None:
+                late.cancel()
         t1 = now()
         durations: dict[str, int] = {"receive": t1 - t0}
         try:
@@ -495,6 +536,11 @@ class ServeApp:
         self.metrics.queue_depth.set(self.batcher.depth())
         body, ctype = self.metrics.exposition()
         await _respond(send, 200, body, [(b"content-type", ctype.encode())])
+
+
+def _read_too_slow(task: asyncio.Task[Any], expired: list[bool]) -> None:
+    expired.append(True)  # (so the reader can tell this cancel of ours from the server's)
+    task.cancel()
 
 
 def _expire(future: asyncio.Future[Item]) -> None:
