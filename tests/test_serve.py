@@ -594,15 +594,27 @@ def test_a_declared_body_over_the_limit_is_refused_before_reading_and_the_connec
 
 
 def test_by_default_no_model_code_runs_on_the_event_loop():
-    model = ThreadSpy()
+    class Validating(ThreadSpy):
+        def validate(self, payload):
+            if self.serving:
+                self.threads.append("validate on " + threading.current_thread().name)
+            return super().validate(payload)
+
+    model = Validating()
     app = servescope.serve(model)
 
     async def go():
         async with Running(app) as client:
-            return [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(3)]
+            ok = [await client.post("/predict", json={"x": [1, 2, 3, 4]}) for _ in range(3)]
+            return ok, await client.post("/predict", json={"x": [1]})
 
-    assert all(r.status_code == 200 for r in run(go()))
-    assert app.info["inline"] is False and set(model.threads) == {"servescope-worker"}
+    ok, bad = run(go())
+    assert all(r.status_code == 200 for r in ok) and ok[0].json() == {"y": [2.0, 4.0, 6.0, 8.0]}
+    assert bad.status_code == 422 and bad.json()["error"] == "invalid payload: x needs 4 numbers"  # as before
+    assert app.info["inline"] is False
+    assert set(model.threads) == {"servescope-worker", "validate on servescope-worker"}  # never the loop's thread
+    stages, _ = server_timing_durations(ok[0].headers["server-timing"])
+    assert {"receive", "validate", "queue", "preprocess", "infer"} <= set(stages)
 
 
 def test_a_stuck_batch_gets_its_worker_replaced_and_ready_says_why():

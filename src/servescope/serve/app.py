@@ -404,6 +404,14 @@ class ServeApp:
             durations["validate"] = now() - t1
             await self._reply(send, 400, _error_body(f"request body is not valid JSON: {exc}"), t0, durations)
             return
+        if not self.inline_below_ns:  # the default: Model.validate runs on the worker, off the loop
+            durations["validate"] = now() - t1  # (parsing; the worker adds validate's own time)
+            self._active += 1
+            try:
+                await self._queued(receive, send, payload, accept, t0, durations, unvalidated=True)
+            finally:
+                self._active -= 1
+            return
         try:
             item_value = self.model.validate(payload)
         except Exception as exc:
@@ -441,12 +449,14 @@ class ServeApp:
         )  # fmt: skip
 
     async def _queued(
-        self, receive: Any, send: Any, item_value: Any, accept: str, t0: int, durations: dict[str, int]
+        self, receive: Any, send: Any, item_value: Any, accept: str, t0: int, durations: dict[str, int], *, unvalidated: bool = False
     ) -> None:
         """The usual path: through the batch worker, with the deadline and disconnect watch."""
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Item] = loop.create_future()
-        item = Item(item_value, future=future, accept=accept)
+        item = Item(item_value, future=future, accept=accept, unvalidated=unvalidated)
+        if unvalidated:
+            item.durations["validate"] = durations.pop("validate", 0)
         if not self.batcher.submit(item):
             await self._reply(send, 503, _error_body("server busy: the queue is full, retry later"), t0, durations, retry=True)
             return
@@ -478,6 +488,12 @@ class ServeApp:
 
     async def _answer(self, send: Any, item: Item, t0: int, durations: dict[str, int], accept: str) -> None:
         durations.update(item.durations)
+        if item.error is not None and item.stage == "validate":
+            rid = self._request_id()
+            exc = item.exc
+            log.warning("servescope: request %s: invalid payload: %s: %s", rid, type(exc).__name__, exc)
+            await self._reply(send, 422, self._error(invalid_payload(exc, self.debug_errors), rid), t0, durations, request_id=rid)  # type: ignore[arg-type]
+            return
         if item.error is not None:
             rid = self._request_id()
             stage = item.stage or "model"

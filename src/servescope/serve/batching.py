@@ -24,10 +24,14 @@ _STOP = object()
 class Item:
     """One request's passage through the worker."""
 
-    __slots__ = ("payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept", "exc", "stage")
+    __slots__ = (
+        "payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept", "exc", "stage",
+        "unvalidated",
+    )  # fmt: skip
 
-    def __init__(self, payload: Any, *, future: Any = None, accept: str = "json") -> None:
+    def __init__(self, payload: Any, *, future: Any = None, accept: str = "json", unvalidated: bool = False) -> None:
         self.payload = payload
+        self.unvalidated = unvalidated  # the worker runs Model.validate first (off the event loop)
         self.enqueued_ns = 0
         self.cancelled = False  # the client left, or its deadline passed: skip it
         self.durations: dict[str, int] = {}
@@ -37,7 +41,7 @@ class Item:
         self.future = future  # an asyncio.Future the server awaits (None in warm-up and tests)
         self.accept = accept
         self.exc: BaseException | None = None  # what failed it, for the server's log (never the client)
-        self.stage = ""  # the model's step that failed: preprocess, forward, postprocess, serialize
+        self.stage = ""  # the model's step that failed: validate, preprocess, forward, postprocess, serialize
 
 
 class Batcher:

@@ -128,6 +128,15 @@ class Runtime:
             if it.enqueued_ns:
                 it.durations["queue"] = start - it.enqueued_ns
             t = now()
+            if it.unvalidated:
+                try:
+                    it.payload = model.validate(it.payload)
+                except Exception as exc:
+                    _fail(it, exc, 422, "validate")
+                    continue
+                finally:
+                    it.durations["validate"] = it.durations.get("validate", 0) + now() - t
+                t = now()
             try:
                 inputs.append(model.preprocess(it.payload))
                 live.append(it)
