@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
 import pytest
 
 
@@ -79,3 +83,40 @@ def gpu() -> FakeGPU:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One implementation of the hot path, with servescope's ``Stage`` and ``Trace`` over it."""
+
+    name: str  # "c" or "python"
+    module: ModuleType  # servescope._speedups or servescope._speedups_py
+    Stage: type
+    Trace: type
+    stage: Callable[[str], Any]
+    shared: dict[str, Any]  # its stages shared per name
+
+    @property
+    def trace(self) -> type:
+        return self.Trace
+
+
+@pytest.fixture(params=["c", "python"])
+def speedups(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Twin:
+    """The hot path's twins, one per run of the test that takes it, in this process: the C
+    extension (servescope._speedups) and its pure-Python twin (servescope._speedups_py), as
+    pyinstrument runs its tests over its C and its Python stat profilers. ``speedups.stage`` and
+    ``speedups.trace`` are servescope's over that twin, and a Recorder folds with that twin's
+    ``fold_rows`` while the test runs."""
+    from servescope import _speedups_py, recorder, timing
+
+    if request.param == "python":
+        module = _speedups_py
+    else:
+        try:
+            from servescope import _speedups as module
+        except ImportError:
+            pytest.skip("the C extension is not built (no C compiler when servescope was installed)")
+    stage_cls, trace_cls, stage, shared = timing._twin_api(module)
+    monkeypatch.setattr(recorder, "fold_rows", module.fold_rows)
+    return Twin(request.param, module, stage_cls, trace_cls, stage, shared)

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 from servescope import Distribution, Recorder
-from servescope import recorder as recorder_module
 
 
-def test_recording_from_many_threads_loses_nothing():
+def test_recording_from_many_threads_loses_nothing(speedups):
     rec = Recorder()
     dist = Distribution(exact_limit=1000)  # folds into a sketch part-way: the other path
 
@@ -29,7 +28,7 @@ def test_recording_from_many_threads_loses_nothing():
     assert len(dist) == 40_000
 
 
-def test_failed_requests_count_but_stay_out_of_latency():
+def test_failed_requests_count_but_stay_out_of_latency(speedups):
     rec = Recorder()
     rec.record_durations({"infer": 2.0}, 3.0)
     rec.record_durations({}, 50.0, error="HTTP 503")
@@ -37,7 +36,7 @@ def test_failed_requests_count_but_stay_out_of_latency():
     assert rec.first_ms == 3.0
 
 
-def test_requests_with_different_stage_sets_each_land_in_their_stages():
+def test_requests_with_different_stage_sets_each_land_in_their_stages(speedups):
     rec = Recorder()
     rec.record_ns({"preprocess": 1_000_000, "infer": 4_000_000}, 6_000_000)
     rec.record_ns({"infer": 2_000_000, "preprocess": 3_000_000}, 5_500_000)  # same names, other order
@@ -51,9 +50,31 @@ def test_requests_with_different_stage_sets_each_land_in_their_stages():
     assert rec.errors == {"RuntimeError": 1}
 
 
-def test_the_c_fold_matches_the_python_reference():
-    if recorder_module._fold_rows is None:
-        pytest.skip("the C extension is not built")
+def test_fold_rows_makes_float64_ms_columns_per_set_of_stage_names(speedups):
+    rows = [
+        ({"infer": 2_000_000, "send": 500_000}, 3_000_000, None, 1.0),
+        ({}, 250_000, None, 2.0),  # ran no stage
+        ({"infer": 1_000_000}, 9_000_000, "HTTP 503", 3.0),
+        ({"send": 1_500_000, "infer": 4_000_000}, 6_000_000, None, 4.0),  # the same names, in another order
+        ({"infer": 3_000_000, "send": 250_000}, 4_000_000, None, 5.0),
+    ]
+    totals, groups, failed = speedups.module.fold_rows(rows)
+    assert np.frombuffer(totals).tolist() == [3.0, 0.25, 6.0, 4.0]
+    assert [(keys, np.frombuffer(buf).tolist()) for keys, buf in groups] == [
+        (("infer", "send"), [2.0, 0.5, 3.0, 0.25]),  # a row per request, a column per name
+        ((), []),
+        (("send", "infer"), [1.5, 4.0]),
+    ]
+    assert failed == [(9_000_000, "HTTP 503")]
+    with pytest.raises(TypeError, match="rows"):
+        speedups.module.fold_rows([("not", "a", "row")])
+    with pytest.raises(TypeError, match="rows"):
+        speedups.module.fold_rows([(["infer"], 1, None, None)])
+    with pytest.raises(TypeError, match="list of rows"):
+        speedups.module.fold_rows(tuple(rows))
+
+
+def test_fold_rows_keeps_every_value_exactly_over_many_rows(speedups):
     rng = random.Random(7)
     sets = [("receive", "infer", "other"), ("infer", "receive", "other"), ("queue", "infer", "send"), ()]
     rows = []
@@ -62,17 +83,17 @@ def test_the_c_fold_matches_the_python_reference():
         durations = {n: rng.randrange(0, 10**10) for n in names}
         error = "HTTP 500" if rng.random() < 0.1 else None
         rows.append((durations, rng.randrange(0, 10**10), error, 1.5))
-    c_totals, c_groups, c_failed = recorder_module._c_columns(rows)
-    p_totals, p_groups, p_failed = recorder_module._py_columns(rows)
-    assert np.array_equal(c_totals, p_totals) and c_failed == p_failed
-    assert [k for k, _ in c_groups] == [k for k, _ in p_groups]
-    for (_, c), (_, p) in zip(c_groups, p_groups):
-        assert np.array_equal(c, p)
-    with pytest.raises(TypeError, match="rows"):
-        recorder_module._fold_rows([("not", "a", "row")])
+    ok = [r for r in rows if r[2] is None]
+    totals, groups, failed = speedups.module.fold_rows(rows)
+    assert np.array_equal(np.frombuffer(totals), np.array([r[1] for r in ok], dtype=float) / 1e6)
+    assert failed == [(r[1], r[2]) for r in rows if r[2] is not None]
+    assert [keys for keys, _ in groups] == list(dict.fromkeys(tuple(r[0]) for r in ok))  # first seen, first
+    for keys, buf in groups:
+        want = np.array([[r[0][k] for k in keys] for r in ok if tuple(r[0]) == keys], dtype=float) / 1e6
+        assert np.array_equal(np.frombuffer(buf), want.ravel())
 
 
-def test_stage_names_made_per_request_stay_bounded(caplog):
+def test_stage_names_made_per_request_stay_bounded(speedups, caplog):
     rec = Recorder(max_stage_names=3)
     with caplog.at_level("WARNING", logger="servescope"):
         for i in range(50):
@@ -94,7 +115,7 @@ def test_stage_names_made_per_request_stay_bounded(caplog):
     assert "counted together as '(more stages)'" in render_terminal(rep)
 
 
-def test_a_delta_keeps_the_same_names_apart():
+def test_a_delta_keeps_the_same_names_apart(speedups):
     rec = Recorder(max_stage_names=1, deltas=True)
     rec.record_ns({"tokenize": 1_000_000}, 2_000_000)
     rec.take_delta()

@@ -4,66 +4,64 @@ import asyncio
 import contextvars
 import inspect
 import os
-import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 import servescope
-from servescope import StageError, WallClock, stage, trace
+from servescope import CudaEventClock, StageError, SyncClock, WallClock, stage, trace
 from servescope.exceptions import ConfigError, RecordError
 
 
-def test_stages_time_their_blocks_and_the_rest_is_other(clock):
-    with trace(clock=WallClock(clock.now)) as t:
-        with stage("validate"):
+def test_stages_time_their_blocks_and_the_rest_is_other(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
+        with speedups.stage("validate"):
             clock.advance(0.04)
-        with stage("preprocess"):
+        with speedups.stage("preprocess"):
             clock.advance(1.9)
         clock.advance(0.5)  # outside any stage
-        with stage("infer"):
+        with speedups.stage("infer"):
             clock.advance(3.2)
     assert t.durations_ms == pytest.approx({"validate": 0.04, "preprocess": 1.9, "infer": 3.2, "other": 0.5})
     assert t.total_ms == pytest.approx(5.64)
     assert list(t.durations_ms) == ["validate", "preprocess", "infer", "other"]
 
 
-def test_durations_follow_the_request_path_not_the_call_order(clock):
-    with trace(clock=WallClock(clock.now)) as t:
+def test_durations_follow_the_request_path_not_the_call_order(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         for name in ("serialize", "custom", "infer", "load"):
-            with stage(name):
+            with speedups.stage(name):
                 clock.advance(1)
     assert list(t.durations_ms) == ["load", "infer", "serialize", "custom"]
 
 
-def test_nested_stage_time_is_not_counted_twice(clock):
-    with trace(clock=WallClock(clock.now)) as t:
-        with stage("preprocess"):
+def test_nested_stage_time_is_not_counted_twice(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
+        with speedups.stage("preprocess"):
             clock.advance(1)
-            with stage("to_device"):
+            with speedups.stage("to_device"):
                 clock.advance(2)
             clock.advance(1)
     assert t.durations_ms == pytest.approx({"preprocess": 2.0, "to_device": 2.0})
     assert sum(t.durations_ms.values()) == pytest.approx(t.total_ms)
 
 
-def test_repeated_stage_names_add_up(clock):
-    with trace(clock=WallClock(clock.now)) as t:
+def test_repeated_stage_names_add_up(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         for _ in range(3):
-            with stage("infer"):
+            with speedups.stage("infer"):
                 clock.advance(1.5)
     assert t.durations_ms == {"infer": pytest.approx(4.5)}
 
 
-def test_decorator_on_sync_and_async_functions(clock):
-    @stage("preprocess")
+def test_decorator_on_sync_and_async_functions(speedups, clock):
+    @speedups.stage("preprocess")
     def prep(x):
         clock.advance(2)
         return x + 1
 
-    @stage("infer")
+    @speedups.stage("infer")
     async def infer(x):
         clock.advance(3)
         await asyncio.sleep(0)
@@ -72,7 +70,7 @@ def test_decorator_on_sync_and_async_functions(clock):
     assert prep.__name__ == "prep"
 
     async def handler():
-        with trace(clock=WallClock(clock.now)) as t:
+        with speedups.trace(clock=WallClock(clock.now)) as t:
             y = await infer(prep(1))
         return t, y
 
@@ -81,8 +79,8 @@ def test_decorator_on_sync_and_async_functions(clock):
     assert t.durations_ms == pytest.approx({"preprocess": 2.0, "infer": 3.0})
 
 
-def test_a_decorated_generator_times_each_item_it_makes_not_the_consumer(clock):
-    @stage("postprocess")
+def test_a_decorated_generator_times_each_item_it_makes_not_the_consumer(speedups, clock):
+    @speedups.stage("postprocess")
     def tokens(n):
         for i in range(n):
             clock.advance(2)  # making an item
@@ -92,7 +90,7 @@ def test_a_decorated_generator_times_each_item_it_makes_not_the_consumer(clock):
 
     assert inspect.isgeneratorfunction(tokens)  # FastAPI's `yield` dependencies check this
 
-    with trace(clock=WallClock(clock.now)) as t:
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         out = []
         for item in tokens(3):
             out.append(item)
@@ -103,7 +101,7 @@ def test_a_decorated_generator_times_each_item_it_makes_not_the_consumer(clock):
     def consume():
         return (yield from tokens(1))
 
-    with trace(clock=WallClock(clock.now)):
+    with speedups.trace(clock=WallClock(clock.now)):
         gen = consume()
         next(gen)
         with pytest.raises(StopIteration) as stop:
@@ -111,10 +109,10 @@ def test_a_decorated_generator_times_each_item_it_makes_not_the_consumer(clock):
     assert stop.value.value == "done"  # the return value comes through
 
 
-def test_a_decorated_generator_passes_send_throw_and_close_through(clock):
+def test_a_decorated_generator_passes_send_throw_and_close_through(speedups, clock):
     log = []
 
-    @stage("postprocess")
+    @speedups.stage("postprocess")
     def echo():
         try:
             received = yield "ready"
@@ -128,11 +126,11 @@ def test_a_decorated_generator_passes_send_throw_and_close_through(clock):
             log.append("closed")
 
     class Model:
-        @stage("infer")
+        @speedups.stage("infer")
         def stream(self, n):
             yield from range(n)
 
-    with trace(clock=WallClock(clock.now)) as t:
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         gen = echo()
         assert next(gen) == "ready"
         assert gen.send(21) == 42
@@ -143,20 +141,20 @@ def test_a_decorated_generator_passes_send_throw_and_close_through(clock):
     assert log == ["closed"]
     assert t.durations_ms["postprocess"] == pytest.approx(4.0)
 
-    @stage("postprocess")
+    @speedups.stage("postprocess")
     def broken():
         yield 1
         raise RuntimeError("stream broke")
 
-    with pytest.raises(RuntimeError, match="stream broke"), trace(clock=WallClock(clock.now)) as t:
+    with pytest.raises(RuntimeError, match="stream broke"), speedups.trace(clock=WallClock(clock.now)) as t:
         list(broken())
     assert t.error == "RuntimeError: stream broke"
 
 
-def test_a_decorated_async_generator_times_each_item(clock):
+def test_a_decorated_async_generator_times_each_item(speedups, clock):
     closed = []
 
-    @stage("postprocess")
+    @speedups.stage("postprocess")
     async def tokens(n):
         try:
             for i in range(n):
@@ -169,7 +167,7 @@ def test_a_decorated_async_generator_times_each_item(clock):
     assert inspect.isasyncgenfunction(tokens)
 
     async def handler():
-        with trace(clock=WallClock(clock.now)) as t:
+        with speedups.trace(clock=WallClock(clock.now)) as t:
             out = []
             async for item in tokens(3):
                 out.append(item)
@@ -183,7 +181,7 @@ def test_a_decorated_async_generator_times_each_item(clock):
     assert out == [0, 1, 2] and closed == [True, True]
     assert t.durations_ms == pytest.approx({"postprocess": 8.0, "other": 30.0})
 
-    @stage("postprocess")
+    @speedups.stage("postprocess")
     async def answer():
         try:
             yield "ready"
@@ -198,35 +196,35 @@ def test_a_decorated_async_generator_times_each_item(clock):
     assert asyncio.run(thrown()) == "recovered"
 
 
-def test_async_with_form(clock):
+def test_async_with_form(speedups, clock):
     async def handler():
-        async with trace(clock=WallClock(clock.now)) as t:
-            async with stage("infer"):
+        async with speedups.trace(clock=WallClock(clock.now)) as t:
+            async with speedups.stage("infer"):
                 clock.advance(1)
         return t
 
     assert asyncio.run(handler()).durations_ms == {"infer": pytest.approx(1.0)}
 
 
-def test_outside_a_trace_stages_record_nothing_and_never_fail():
+def test_outside_a_trace_stages_record_nothing_and_never_fail(speedups):
     assert servescope.current_trace() is None
-    with stage("infer") as s:
+    with speedups.stage("infer") as s:
         pass
     assert s.name == "infer"
 
-    @stage("postprocess")
+    @speedups.stage("postprocess")
     def f():
         return 42
 
     assert f() == 42
 
 
-def test_stage_in_a_thread_started_with_the_context_lands_in_the_request(clock):
-    with trace(clock=WallClock(clock.now)) as t:
+def test_stage_in_a_thread_started_with_the_context_lands_in_the_request(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         ctx = contextvars.copy_context()
 
         def work():
-            with stage("preprocess"):
+            with speedups.stage("preprocess"):
                 clock.advance(2)
 
         th = threading.Thread(target=ctx.run, args=(work,))
@@ -235,26 +233,26 @@ def test_stage_in_a_thread_started_with_the_context_lands_in_the_request(clock):
     assert t.durations_ms["preprocess"] == pytest.approx(2.0)
 
 
-def test_thread_without_the_context_does_not_leak_into_the_request(clock):
-    with trace(clock=WallClock(clock.now)) as t:
-        th = threading.Thread(target=lambda: stage("stray").__enter__())
+def test_thread_without_the_context_does_not_leak_into_the_request(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
+        th = threading.Thread(target=lambda: speedups.stage("stray").__enter__())
         th.start()
         th.join()
     assert "stray" not in t.durations_ms
 
 
-def test_to_thread_and_tasks_carry_the_trace(clock):
+def test_to_thread_and_tasks_carry_the_trace(speedups, clock):
     async def handler():
-        with trace(clock=WallClock(clock.now)) as t:
+        with speedups.trace(clock=WallClock(clock.now)) as t:
 
             def blocking():
-                with stage("infer"):
+                with speedups.stage("infer"):
                     clock.advance(4)
 
             await asyncio.to_thread(blocking)
 
             async def post():
-                with stage("postprocess"):
+                with speedups.stage("postprocess"):
                     clock.advance(1)
 
             await asyncio.create_task(post())
@@ -264,10 +262,10 @@ def test_to_thread_and_tasks_carry_the_trace(clock):
     assert t.durations_ms == pytest.approx({"infer": 4.0, "postprocess": 1.0})
 
 
-def test_concurrent_requests_keep_their_own_stages():
+def test_concurrent_requests_keep_their_own_stages(speedups):
     async def request(name: str, delay: float):
-        with trace() as t:
-            with stage(name):
+        with speedups.trace() as t:
+            with speedups.stage(name):
                 await asyncio.sleep(delay)
         return t
 
@@ -281,10 +279,10 @@ def test_concurrent_requests_keep_their_own_stages():
     assert servescope.current_trace() is None
 
 
-def test_the_trace_records_the_error_and_reraises(clock):
+def test_the_trace_records_the_error_and_reraises(speedups, clock):
     with pytest.raises(KeyError):
-        with trace(clock=WallClock(clock.now)) as t:
-            with stage("validate"):
+        with speedups.trace(clock=WallClock(clock.now)) as t:
+            with speedups.stage("validate"):
                 clock.advance(1)
                 raise KeyError("text")
     assert t.error == "KeyError: 'text'"
@@ -292,23 +290,23 @@ def test_the_trace_records_the_error_and_reraises(clock):
     assert servescope.current_trace() is None
 
 
-def test_a_trace_hands_itself_to_its_recorder(clock):
+def test_a_trace_hands_itself_to_its_recorder(speedups, clock):
     rec = servescope.Recorder()
-    with trace(clock=WallClock(clock.now), recorder=rec):
-        with stage("infer"):
+    with speedups.trace(clock=WallClock(clock.now), recorder=rec):
+        with speedups.stage("infer"):
             clock.advance(2)
     assert len(rec.latency) == 1
     assert rec.stages["infer"].values().tolist() == [2.0]
 
 
 @pytest.mark.parametrize("bad", [None, 3, "", b"infer", ["infer"]])
-def test_a_stage_name_must_be_a_non_empty_string(bad):
+def test_a_stage_name_must_be_a_non_empty_string(speedups, bad):
     with pytest.raises(StageError, match="stage name must be a non-empty string"):
-        stage(bad)
+        speedups.stage(bad)
 
 
-def test_add_takes_time_measured_elsewhere_and_rejects_bad_durations(clock):
-    with trace(clock=WallClock(clock.now)) as t:
+def test_add_takes_time_measured_elsewhere_and_rejects_bad_durations(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         t.add("queue", 2.5)
         with pytest.raises(RecordError, match="'queue'.*-1"):
             t.add("queue", -1)
@@ -318,8 +316,8 @@ def test_add_takes_time_measured_elsewhere_and_rejects_bad_durations(clock):
     assert t.durations_ms["queue"] == pytest.approx(2.5)  # the good value survived
 
 
-def test_a_trace_cannot_start_twice_or_finish_unstarted():
-    t = trace()
+def test_a_trace_cannot_start_twice_or_finish_unstarted(speedups):
+    t = speedups.trace()
     with pytest.raises(ConfigError, match="never started"):
         t.finish()
     with t:
@@ -328,28 +326,28 @@ def test_a_trace_cannot_start_twice_or_finish_unstarted():
         t.start()
 
 
-def test_trace_takes_keyword_arguments_and_says_so():
-    params = inspect.signature(servescope.trace).parameters
+def test_trace_takes_keyword_arguments_and_says_so(speedups):
+    params = inspect.signature(speedups.trace).parameters
     assert list(params) == ["cuda", "clock", "recorder"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
     with pytest.raises(TypeError):
-        trace("events")  # positional: refused, not taken as something else
+        speedups.trace("events")  # positional: refused, not taken as something else
     with pytest.raises(TypeError, match="bogus"):
-        trace(bogus=1)
+        speedups.trace(bogus=1)
 
 
-def test_unknown_cuda_mode_is_a_clear_error():
+def test_unknown_cuda_mode_is_a_clear_error(speedups):
     with pytest.raises(ConfigError, match="cuda must be"):
-        trace(cuda="fast")  # type: ignore[arg-type]
+        speedups.trace(cuda="fast")  # type: ignore[arg-type]
 
 
-def test_auto_mode_uses_host_clock_when_cuda_is_not_initialized():
-    with trace() as t:
+def test_auto_mode_uses_host_clock_when_cuda_is_not_initialized(speedups):
+    with speedups.trace() as t:
         pass
     assert t.clock.name == "wall"
 
 
-def test_auto_mode_follows_torchs_cuda_state(monkeypatch, gpu):
+def test_auto_mode_follows_torchs_cuda_state(speedups, monkeypatch, gpu):
     import types
 
     fake_torch = types.ModuleType("torch")
@@ -362,40 +360,49 @@ def test_auto_mode_follows_torchs_cuda_state(monkeypatch, gpu):
     monkeypatch.setitem(sys.modules, "torch.cuda", fake_cuda)
 
     fake_cuda._initialized = False  # torch imported, CUDA not used (a CPU server)
-    assert trace().clock.name == "wall"
+    assert speedups.trace().clock.name == "wall"
     fake_cuda._initialized = state["initialized"] = True  # a model moved to the GPU
-    assert trace().clock.name == "events"
-    assert trace(cuda="wall").clock.name == "wall"
+    assert speedups.trace().clock.name == "events"
+    assert speedups.trace(cuda="wall").clock.name == "wall"
     state["bad_fork"] = True  # a forked worker of a parent that used CUDA: CUDA unusable here
-    assert trace().clock.name == "wall"
+    assert speedups.trace().clock.name == "wall"
 
 
-def test_stages_enter_and_exit_in_c_where_the_extension_builds():
-    import servescope.timing as timing
+def test_speedups_says_truly_which_twin_runs():
+    from servescope import _speedups_py, recorder, timing
 
+    in_python = issubclass(timing.Stage, _speedups_py.StageBase)
+    assert timing.SPEEDUPS is not in_python
+    assert issubclass(timing.Trace, _speedups_py.TraceBase) is in_python
+    assert (timing.stage is _speedups_py.stage) is in_python
+    assert (recorder.fold_rows is _speedups_py.fold_rows) is in_python
     if sys.platform.startswith("linux") and not os.environ.get("SERVESCOPE_NO_SPEEDUPS"):  # `make test` builds it
-        assert timing.SPEEDUPS and timing.Stage.__mro__[1].__module__ == "servescope._speedups"
-        assert timing.Trace.__mro__[1].__module__ == "servescope._speedups"
+        from servescope import _speedups
+
+        assert timing.SPEEDUPS and issubclass(timing.Stage, _speedups.StageBase)
+        assert issubclass(timing.Trace, _speedups.TraceBase) and recorder.fold_rows is _speedups.fold_rows
 
 
-def test_the_pure_python_stages_pass_the_same_tests(tmp_path):
-    """The fallback (no compiler, or SERVESCOPE_NO_SPEEDUPS=1) is held to the same behaviour:
-    stages, traces and the recorder's fold."""
-    env = {**os.environ, "SERVESCOPE_NO_SPEEDUPS": "1"}
-    files = [str(Path(__file__).parent / name) for name in ("test_timing.py", "test_cuda_timing.py", "test_middleware.py", "test_recorder.py")]
-    p = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not pure_python", *files],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stdout[-3000:]
-    assert " passed" in p.stdout
+def test_servescope_no_speedups_turns_the_c_extension_off(monkeypatch):
+    """The switch is read once, at import: here the choice itself, without a second import."""
+    import importlib.util
+
+    from servescope import _speedups_py, timing
+
+    monkeypatch.delenv("SERVESCOPE_NO_SPEEDUPS", raising=False)
+    built = importlib.util.find_spec("servescope._speedups") is not None
+    assert timing._load_speedups().__name__ == ("servescope._speedups" if built else "servescope._speedups_py")
+    monkeypatch.setenv("SERVESCOPE_NO_SPEEDUPS", "1")
+    assert timing._load_speedups() is _speedups_py
+    monkeypatch.delenv("SERVESCOPE_NO_SPEEDUPS")
+    monkeypatch.delattr(servescope, "_speedups", raising=False)  # as if it was never built
+    monkeypatch.setitem(sys.modules, "servescope._speedups", None)
+    assert timing._load_speedups() is _speedups_py
 
 
-def test_equal_names_held_by_different_stage_objects_add_up(clock):
-    from servescope.timing import Stage
-
-    a, b = Stage("".join(["de", "code"])), Stage("decode")  # equal names, two string objects
-    with trace(clock=WallClock(clock.now)) as t:
+def test_equal_names_held_by_different_stage_objects_add_up(speedups, clock):
+    a, b = speedups.Stage("".join(["de", "code"])), speedups.Stage("decode")  # equal names, two string objects
+    with speedups.trace(clock=WallClock(clock.now)) as t:
         with a:
             clock.advance(1.0)
             with b:  # nested: the outer one's self time excludes it
@@ -417,18 +424,132 @@ def test_stages_survive_pickling_as_the_shared_stage(clock):
     assert t.durations_ms == pytest.approx({"decode": 1.0})
 
 
-def test_stage_objects_made_per_request_are_not_cached_without_bound(clock):
+def test_stage_objects_made_per_request_are_not_cached_without_bound(speedups, clock):
     from servescope import timing
 
     try:
         for i in range(timing._MAX_SHARED + 100):
-            stage(f"dynamic_{i}")
-        assert len(timing._STAGES) <= timing._MAX_SHARED
+            speedups.stage(f"dynamic_{i}")
+        assert len(speedups.shared) <= timing._MAX_SHARED
+        assert speedups.stage("dynamic_0") is speedups.stage("dynamic_0")  # the first ones are shared
         name = f"dynamic_{timing._MAX_SHARED + 50}"
-        with trace(clock=WallClock(clock.now)) as t:
-            with stage(name):  # uncached: still timed
+        assert name not in speedups.shared and speedups.stage(name) is not speedups.stage(name)
+        with speedups.trace(clock=WallClock(clock.now)) as t:
+            with speedups.stage(name):  # uncached: still timed
                 clock.advance(2)
         assert t.durations_ms == {name: 2.0}
     finally:
-        for key in [k for k in timing._STAGES if k.startswith("dynamic_")]:
-            del timing._STAGES[key]
+        for key in [k for k in speedups.shared if k.startswith("dynamic_")]:
+            del speedups.shared[key]
+
+
+def test_self_times_nets_each_stage_of_its_children_and_writes_nothing_but_release(speedups):
+    tr = object()  # the span's trace
+    root = [None, 0, None, None, tr, None, 0]
+    pre = ["preprocess", 0, 10, root, tr, None, 0]
+    dev = ["to_device", 2, 5, pre, tr, None, 0]  # inside preprocess
+    infer = ["infer", 11, 18, root, tr, None, 0]
+    dec = ["decode", 12, 14, infer, tr, None, 0]
+    post = ["postprocess", 19, None, root, tr, None, 0]  # still open: not counted
+    dec2 = ["".join(["de", "code"]), 20, 21, root, tr, None, 0]  # an equal name, another object
+    send = ["send", 30, 29, root, tr, None, 0]  # a clock that went backwards: 0, never negative
+    ser = ["serialize", 40, 44, root, tr, None, 0]
+    tok1 = ["tokenize", 40, 43, ser, tr, None, 0]  # two children on two threads: 6 of its 4 ns
+    tok2 = ["tokenize", 41, 44, ser, tr, None, 0]
+    spans = [pre, dev, infer, dec, post, dec2, send, ser, tok1, tok2]
+    want = ({"preprocess": 7, "to_device": 3, "infer": 5, "decode": 3, "send": 0, "serialize": 0, "tokenize": 6}, 22, 9)
+    before = [list(sp) for sp in spans]
+    assert speedups.module.self_times(spans, root, False) == want
+    assert speedups.module.self_times(spans, root, False) == want  # a header may ask twice
+    assert spans == before and root[6] == 0  # no sums written into the spans
+    assert speedups.module.self_times(spans, root) == want  # release, by default
+    assert [sp[4] for sp in spans] == [None] * 4 + [tr] + [None] * 5  # only the closed ones let go
+
+
+def test_a_header_mid_request_sees_the_closed_stages_and_changes_nothing(speedups, clock):
+    with speedups.trace(clock=WallClock(clock.now)) as t:
+        with speedups.stage("preprocess"):
+            clock.advance(1)
+            with speedups.stage("to_device"):
+                clock.advance(2)
+            assert t.elapsed_ns() == ({"to_device": 2_000_000}, 3_000_000)
+        clock.advance(0.5)
+        t.add("queue", 4)
+        assert t.elapsed_ns() == ({"preprocess": 1_000_000, "to_device": 2_000_000, "queue": 4_000_000}, 3_500_000)
+        assert t.elapsed_ns()[0]["preprocess"] == 1_000_000  # asked again: the same
+    assert t.durations_ns == {"preprocess": 1_000_000, "to_device": 2_000_000, "queue": 4_000_000}
+    assert t.total_ns == 3_500_000 and t.elapsed_ns() == (t.durations_ns, 3_500_000)
+    t.add("send", 0.25)  # after the end: straight into the result
+    assert t.durations_ms["send"] == 0.25
+
+
+def test_device_clocks_resolve_at_the_end_even_after_a_header(speedups, gpu):
+    with speedups.trace(clock=SyncClock(synchronize=gpu.synchronize, now=gpu.now)) as t:
+        with speedups.stage("preprocess"):
+            gpu.cpu(1)
+            with speedups.stage("to_device"):
+                gpu.cpu(2)
+        assert t.elapsed_ns() == ({"preprocess": 1_000_000, "to_device": 2_000_000}, None)  # no sync for "now"
+        with speedups.stage("infer"):
+            gpu.launch(5)  # the boundary's sync charges the kernel here
+    assert t.durations_ns == {"preprocess": 1_000_000, "to_device": 2_000_000, "infer": 5_000_000}
+    assert t.total_ns == 8_000_000
+    assert [(name, depth) for name, _, _, depth in t.spans()] == [("preprocess", 0), ("to_device", 1), ("infer", 0)]
+
+    with speedups.trace(clock=CudaEventClock(event=gpu.event, now=gpu.now)) as t:
+        with speedups.stage("infer"):
+            gpu.launch(5)
+        with speedups.stage("to_host"):
+            gpu.synchronize()
+            gpu.cpu(0.1)
+    assert t.clock.name == "events"
+    assert t.durations_ms["infer"] == pytest.approx(5.0, abs=0.011)
+    assert t.durations_ms["to_host"] == pytest.approx(0.1)
+
+
+def test_stop_keeps_the_trace_attached_until_detach_and_counts_what_was_left_open(speedups, clock):
+    t = speedups.trace(clock=WallClock(clock.now)).start()
+    assert servescope.current_trace() is t and servescope.timing.current_stage_name() == ""
+    speedups.stage("infer").__enter__()  # never closed
+    clock.advance(1)
+    assert t.stop(error=KeyError("gone")) is t
+    assert t.stop() is t  # stopped once: a second stop changes nothing
+    assert t.error == "KeyError: 'gone'" and t.open_stages == 1
+    assert t.durations_ns == {"other": 1_000_000}
+    assert servescope.current_trace() is t
+    t.detach()
+    assert servescope.current_trace() is None
+    t.detach()  # twice: nothing to do
+
+    t = speedups.trace(clock=WallClock(clock.now)).start()
+    t.finish(RuntimeError("late"))
+    assert t.error == "RuntimeError: late" and servescope.current_trace() is None
+
+
+def test_a_finished_trace_is_freed_without_the_garbage_collector(speedups, clock):
+    import gc
+    import weakref
+
+    wall = WallClock(clock.now)
+    gone = weakref.ref(wall)  # the trace holds the only other reference to its clock
+    gc.disable()
+    try:
+        with speedups.trace(clock=wall) as t:
+            with speedups.stage("infer"):
+                with speedups.stage("to_host"):
+                    clock.advance(1)
+        del wall, t
+        assert gone() is None  # no trace <-> span cycle left for the collector
+    finally:
+        gc.enable()
+
+
+def test_the_twins_fixture_runs_each_twin(speedups):
+    from servescope import recorder
+
+    assert speedups.module.__name__ == {"c": "servescope._speedups", "python": "servescope._speedups_py"}[speedups.name]
+    assert issubclass(speedups.Stage, speedups.module.StageBase)
+    assert issubclass(speedups.Trace, speedups.module.TraceBase)
+    assert type(speedups.stage("infer")) is speedups.Stage and speedups.stage is speedups.module.stage
+    assert recorder.fold_rows is speedups.module.fold_rows
+

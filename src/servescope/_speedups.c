@@ -1,9 +1,10 @@
 /* servescope._speedups: the per-request hot path in C.
  *
  * A stage's enter and exit (StageBase), a trace's life (TraceBase), the end-of-request
- * self-time pass (self_times) and the recorder's fold into columns (fold_rows). Each has a
- * pure-Python twin in timing.py / recorder.py that stays the reference and the fallback, and
- * works on the same data: a span is the list [name, start, end, parent, trace, token,
+ * self-time pass (self_times) and the recorder's fold into columns (fold_rows). Each export
+ * has a pure-Python twin of the same name in _speedups_py.py that stays the reference and the
+ * fallback (tests/conftest.py's `speedups` fixture runs the tests over both), and works on the
+ * same data: a span is the list [name, start, end, parent, trace, token,
  * child_ns] and the current span lives in the same ContextVar. What C saves is the
  * interpreter's frames and attribute lookups; the clock is the trace's own `_mark`, except
  * that on Linux the wall clock (time.perf_counter_ns, which is CLOCK_MONOTONIC there) is read
@@ -36,7 +37,7 @@ typedef struct {
     PyObject *name;
 } StageBase;
 
-/* A trace's state: the fields of timing._PyTraceBase's __slots__, read by C directly. */
+/* A trace's state: the fields of _speedups_py.TraceBase's __slots__, read by C directly. */
 typedef struct {
     PyObject_HEAD
     PyObject *clock;
@@ -220,7 +221,7 @@ static PyTypeObject StageBaseType = {
 
 /* self_times(spans, root, release=True) -> (stage -> self ns, ns the top-level stages cover,
  * closed count) for wall-clock marks (ints), at the end of a request (or mid-request for a
- * header, release=False): timing.Trace._self_times' loop, walking
+ * header, release=False): _speedups_py.self_times, walking
  * the spans backwards so that a span's children are summed before it. Child sums live in a
  * small table keyed by span (not in the span lists), self times in one keyed by name object,
  * folded into the dict once at the end; with release, each closed span drops its reference to
@@ -359,15 +360,15 @@ self_times(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(NLn)", out, covered, closed);
 }
 
-/* ---- TraceBase: a trace's life (timing._PyTraceBase in C) ----------------------------------
+/* ---- TraceBase: a trace's life (_speedups_py.TraceBase in C) -------------------------------
  * __init__, start/__enter__, stop, __exit__ and detach. stop handles the wall-clock case (marks
  * are integer ns) with no stages added by hand and no header summed before; anything else goes
- * to the reference, timing._PyTraceBase.stop, which works on the same fields. */
+ * to the reference, _speedups_py.TraceBase.stop, which works on the same fields. */
 static PyObject *wall_clock = NULL;    /* clocks._WALL */
 static PyObject *resolve_clock = NULL; /* clocks.resolve_clock */
 static PyObject *time_time = NULL;     /* time.time */
 static PyObject *config_error = NULL;  /* exceptions.ConfigError */
-static PyObject *py_stop = NULL;       /* timing._PyTraceBase.stop */
+static PyObject *py_stop = NULL;       /* _speedups_py.TraceBase.stop */
 static PyObject *str_auto = NULL, *str_other = NULL, *str_torch = NULL, *str_record = NULL;
 static PyObject *str_name = NULL, *str_wall = NULL, *str_mark_attr = NULL;
 static PyObject *str_torch_cuda = NULL, *str_initialized = NULL;
@@ -503,7 +504,7 @@ error_text(PyObject *error)
     return text;
 }
 
-/* stop(error=None): the reference is timing._PyTraceBase.stop */
+/* stop(error=None): the reference is _speedups_py.TraceBase.stop */
 static PyObject *
 trace_stop_impl(TraceBase *self, PyObject *error)
 {
@@ -736,8 +737,8 @@ trace_setup(PyObject *Py_UNUSED(module), PyObject *args)
  * fold_rows(rows) with rows [(durations_ns: dict, total_ns, error, start_time), ...] ->
  * (totals, groups, failed): totals the successful rows' totals in ms (float64 bytes), groups
  * [(stage names, float64 bytes: a row of ms per request, one column per name)] for each set of
- * stage names in dict order, failed [(total_ns, error)]. recorder.Recorder._fold's Python loop,
- * without a Python object per value. */
+ * stage names in dict order, failed [(total_ns, error)]. _speedups_py.fold_rows, without a
+ * Python object per value. */
 static int
 as_ms(PyObject *v, double *out)
 {
@@ -902,10 +903,10 @@ done:
     return result;
 }
 
-/* stage(name): timing.stage's lookup (a hit is one dict read); anything else goes to
- * timing._new_stage, which validates the name and caches the new Stage. */
+/* stage(name): timing.stage's lookup (a hit is one dict read); anything else goes to the
+ * factory from timing._stage_maker, which validates the name and caches the new Stage. */
 static PyObject *stage_cache = NULL; /* timing._STAGES */
-static PyObject *stage_factory = NULL; /* timing._new_stage */
+static PyObject *stage_factory = NULL; /* timing._stage_maker(Stage, _STAGES) */
 
 static PyObject *
 stage(PyObject *Py_UNUSED(module), PyObject *name)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import math
 import threading
@@ -14,7 +13,12 @@ import numpy as np
 from .exceptions import ConfigError, RecordError
 from .report import Report
 from .stats import Distribution
-from .timing import OTHER, STAGE_ORDER, Trace, _fold_rows
+from .timing import OTHER, SPEEDUPS, STAGE_ORDER, Trace
+
+if SPEEDUPS:  # timing.py chose the twin (the C extension, or its Python twin): fold with the same
+    from ._speedups import fold_rows
+else:
+    from ._speedups_py import fold_rows
 
 __all__ = ["MORE_STAGES", "Recorder"]
 
@@ -66,42 +70,16 @@ class StageNames:
 Row = tuple[dict[str, int], int, "str | None", "float | None"]
 
 
-def _py_columns(rows: list[Row]) -> tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray]], list[tuple[int, str]]]:
+def _columns(rows: list[Row]) -> tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray]], list[tuple[int, str]]]:
     """Rows -> the successful totals (ms), per set of stage names a (request x stage) array of
-    ms, and the failed rows' (total ns, error): the reference for ``_speedups.fold_rows``."""
-    ok_totals: list[int] = []
-    failed: list[tuple[int, str]] = []
-    by_keys: dict[tuple[str, ...], list[list[int]]] = {}
-    for durations, total, error, _ in rows:
-        if error is not None:
-            failed.append((total, error))
-            continue
-        ok_totals.append(total)
-        keys = tuple(durations)
-        group = by_keys.get(keys)
-        if group is None:
-            group = by_keys[keys] = []
-        group.append(list(durations.values()))
-    totals = np.fromiter(ok_totals, dtype=float, count=len(ok_totals)) / 1e6
-    groups = []
-    for keys, values in by_keys.items():
-        if not keys:  # requests that ran no stage: nothing to add to any stage
-            continue
-        flat = np.fromiter(itertools.chain.from_iterable(values), dtype=float, count=len(values) * len(keys))
-        groups.append((keys, flat.reshape(len(values), len(keys)) / 1e6))  # fromiter: no shape discovery
-    return totals, groups, failed
-
-
-def _c_columns(rows: list[Row]) -> tuple[np.ndarray, list[tuple[tuple[str, ...], np.ndarray]], list[tuple[int, str]]]:
-    totals, groups, failed = _fold_rows(rows)
+    ms, and the failed rows' (total ns, error): the twin's ``fold_rows``, as arrays."""
+    totals, groups, failed = fold_rows(rows)
     return (
         np.frombuffer(totals),
+        # requests that ran no stage (keys ()): nothing to add to any stage
         [(keys, np.frombuffer(buf).reshape(-1, len(keys))) for keys, buf in groups if keys],
         failed,
     )
-
-
-_columns = _py_columns if _fold_rows is None else _c_columns
 
 
 class Recorder:

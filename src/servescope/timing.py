@@ -31,13 +31,13 @@ import functools
 import inspect
 import math
 import os
-import sys
 import time
 from contextvars import ContextVar
+from types import ModuleType
 from typing import Any, Callable, Literal, TypeVar
 
+from . import _speedups_py
 from .clocks import _WALL, Clock, CudaEventClock, SyncClock, WallClock, resolve_clock
-from .clocks import total_ns as clock_total_ns
 from .exceptions import ConfigError, RecordError, StageError
 
 __all__ = [
@@ -153,54 +153,44 @@ def _bad_name(name: object) -> StageError:
     )
 
 
-class _PyStageBase:
-    """A stage's enter and exit in Python: the reference for ``_speedups.StageBase`` (C), and
-    what runs where the C extension is not built (or ``SERVESCOPE_NO_SPEEDUPS=1``)."""
-
-    __slots__ = ("name",)
-
-    def __enter__(self) -> Any:
-        parent = _current.get()
-        if parent is not None:
-            tr = parent[_TRACE]
-            if tr is not None:
-                span = [self.name, tr._mark(), None, parent, tr, None, 0]
-                tr._spans.append(span)
-                span[_TOKEN] = _current.set(span)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        span = _current.get()
-        if span is not None and span[_NAME] is self.name:
-            span[_END] = span[_TRACE]._mark()
-            _current.reset(span[_TOKEN])
+# ---------------------------------------------------------------------------------------------
+# The twins. A stage's enter and exit, a trace's life and the self-time pass have two
+# implementations with the same exports, working on the same spans: _speedups.c (C, built at
+# install where a compiler exists) and _speedups_py.py (Python: the reference and the fallback).
+# Stage and Trace are one twin's bases plus the Python below. The twin is chosen here, once.
 
 
-try:
-    if os.environ.get("SERVESCOPE_NO_SPEEDUPS"):
-        raise ImportError("turned off by SERVESCOPE_NO_SPEEDUPS")
-    from ._speedups import StageBase as _StageBase
-    from ._speedups import TraceBase as _CTraceBase
-    from ._speedups import fold_rows as _fold_rows
-    from ._speedups import self_times as _c_self_times
-    from ._speedups import setup as _setup_speedups
-    from ._speedups import stage as _c_stage
-    from ._speedups import stage_setup as _c_stage_setup
-    from ._speedups import trace_setup as _c_trace_setup
-
-    _setup_speedups(_current, time.perf_counter_ns)
-    #: True when stages enter and exit in C (the ``_speedups`` extension was built)
-    SPEEDUPS = True
-except ImportError:
-    _StageBase = _PyStageBase  # type: ignore[assignment,misc]
-    _c_self_times = _c_stage = _c_stage_setup = _c_trace_setup = _fold_rows = None
-    SPEEDUPS = False
+def _load_speedups() -> ModuleType:
+    if os.environ.get("SERVESCOPE_NO_SPEEDUPS"):  # the user's off switch, read once, here
+        return _speedups_py
+    try:
+        from . import _speedups
+    except ImportError:  # not built (no C compiler at install time): the same, in Python
+        return _speedups_py
+    return _speedups
 
 
-class Stage(_StageBase):  # type: ignore[valid-type,misc]
+_twin = _load_speedups()
+#: True when stages and traces run in C: the ``_speedups`` extension was built and
+#: ``SERVESCOPE_NO_SPEEDUPS`` did not turn it off
+SPEEDUPS = _twin is not _speedups_py
+
+
+def _bind(twin: ModuleType) -> None:
+    """Give a twin this module's state: the current span's ContextVar, the clocks, the error."""
+    twin.setup(_current, time.perf_counter_ns)
+    twin.trace_setup(_WALL, resolve_clock, time.time, ConfigError, _speedups_py.TraceBase.stop)
+
+
+_bind(_speedups_py)  # whichever runs: the C stop hands what it does not handle to this one's stop
+if SPEEDUPS:
+    _bind(_twin)
+
+
+class Stage(_twin.StageBase):  # type: ignore[misc,name-defined]
     """A named stage: a context manager and a decorator. Get one with ``servescope.stage(name)``."""
 
-    __slots__ = ()
+    __slots__ = ()  # over the twin's StageBase, which enters and exits
 
     def __init__(self, name: str) -> None:
         if type(name) is not str or not name:
@@ -302,25 +292,6 @@ class Stage(_StageBase):  # type: ignore[valid-type,misc]
         return f"stage({self.name!r})"
 
 
-_STAGES: dict[str, Stage] = {}
-
-
-def stage(name: str) -> Stage:
-    """Time a block or a function as one stage of the current request.
-
-        with servescope.stage("infer"):
-            y = model(x)
-
-        @servescope.stage("preprocess")
-        async def prepare(payload): ...
-
-    Outside a trace it records nothing and never fails. Stage objects hold no state (the
-    open span lives in the context), so one may be shared, nested and used from many tasks.
-    """
-    s = _STAGES.get(name) if type(name) is str else None  # checked before hashing: lists are unhashable
-    return s if s is not None else _new_stage(name)
-
-
 def _shared_stage(name: str) -> Stage:
     """Unpickling: the process's shared stage of that name (by reference to this module, so a
     process without the C extension can read it)."""
@@ -332,141 +303,30 @@ def _shared_stage(name: str) -> Stage:
 _MAX_SHARED = 4096
 
 
-def _new_stage(name: object) -> Stage:
-    if type(name) is not str or not name:
-        raise _bad_name(name)
-    s = Stage(name)
-    if len(_STAGES) < _MAX_SHARED:
-        _STAGES[name] = s
-    return s
+def _stage_maker(stage_cls: type[Stage], shared: dict[str, Stage]) -> Callable[[object], Stage]:
+    """What a twin's ``stage(name)`` calls for a name not in ``shared``: check the name, make
+    the stage, and share it."""
+
+    def new_stage(name: object) -> Stage:
+        if type(name) is not str or not name:
+            raise _bad_name(name)
+        s = stage_cls(name)
+        if len(shared) < _MAX_SHARED:
+            shared[name] = s
+        return s
+
+    return new_stage
 
 
-if _c_stage is not None:  # the same lookup in C: one call fewer on every stage
-    _c_stage_setup(_STAGES, _new_stage)
-    stage = _c_stage  # noqa: F811
+_STAGES: dict[str, Stage] = {}
+_twin.stage_setup(_STAGES, _stage_maker(Stage, _STAGES))
+#: ``servescope.stage(name)``: time a block or a function as one stage of the current request
+#: (``with stage("infer"): ...``, ``@stage("preprocess")``); a shared ``Stage`` per name, looked
+#: up by the twin (one dict read). Outside a trace it records nothing and never fails.
+stage: Callable[[str], Stage] = _twin.stage
 
 
-class _PyTraceBase:
-    """A trace's life in Python: the reference for ``_speedups.TraceBase`` (C, which runs
-    this ``stop`` for what it does not handle itself: device clocks, added stages, a trace
-    summed for a header), and what runs where the extension is not built."""
-
-    __slots__ = (
-        "clock",
-        "recorder",
-        "_mark",
-        "_spans",
-        "_root",
-        "_token",
-        "_added",
-        "durations_ns",
-        "total_ns",
-        "error",
-        "start_time",
-        "open_stages",
-        "_summed",
-    )
-
-    def __init__(
-        self,
-        *,
-        cuda: CudaMode = "auto",
-        clock: Clock | None = None,
-        recorder: Any = None,
-    ) -> None:
-        if clock is None and cuda == "auto" and "torch" not in sys.modules:
-            clock = _WALL  # the common CPU case, decided without a call
-        self.clock = clock = resolve_clock(cuda, clock)
-        self.recorder = recorder
-        self._mark = clock.mark
-        self._spans: list[list[Any]] = []
-        self._root: list[Any] | None = None
-        self._token: Any = None
-        self._added: list[tuple[str, int]] = []
-        self.durations_ns: dict[str, int] = {}
-        self.total_ns: int | None = None
-        self.error: str | None = None
-        self.start_time: float | None = None
-        self.open_stages = 0
-        self._summed = False
-
-    def start(self) -> Any:
-        """Open the trace in the current context (``with`` does this for you)."""
-        if self._root is not None:
-            raise ConfigError("this trace was already started: open a new servescope.trace() per request")
-        self.start_time = time.time()
-        self._root = [None, self._mark(), None, None, self, None, 0]
-        self._token = _current.set(self._root)
-        return self
-
-    __enter__ = start
-
-    def stop(self, error: BaseException | None = None) -> Any:
-        """End the request's clock now (its response is out), resolve, and hand it to the recorder.
-
-        The trace stays attached to its context until ``detach()``; ``finish()`` does both.
-        """
-        root = self._root
-        if root is None:
-            raise ConfigError("this trace was never started: use `with servescope.trace():`")
-        if root[_END] is not None:
-            return self
-        root[_END] = self._mark()
-        if error is not None and self.error is None:
-            self.error = f"{type(error).__name__}: {error}"
-        # resolve: stage -> self time, the total, and time in no stage as `other`
-        out, covered, n_closed = self._self_times(release=True)  # type: ignore[attr-defined]
-        if self.clock.name == "wall":
-            total = root[_END] - root[_START]
-        else:
-            total = clock_total_ns(self.clock, root[_START], root[_END])
-        if total < 0:
-            total = 0
-        self.total_ns = total
-        if self._added:
-            covered += sum(d for _, d in self._added)
-        if total > covered:
-            out[OTHER] = total - covered
-        self.durations_ns = out
-        self.open_stages = len(self._spans) - n_closed
-        if self._token is None:
-            root[_TRACE] = None  # break the trace <-> root cycle: freed by refcount, not the GC
-        if self.recorder is not None:
-            self.recorder.record(self)
-        return self
-
-    def detach(self) -> None:
-        """Stop stages opened later in this context from landing in this trace."""
-        token, self._token = self._token, None
-        if token is None:
-            return
-        try:
-            _current.reset(token)
-        except ValueError:  # called from another context: that context holds its own value
-            pass
-        root = self._root
-        if root is not None and root[_END] is not None:
-            root[_TRACE] = None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.stop(exc)
-        token, self._token = self._token, None
-        if token is not None:  # detach(), inlined: this is every request's path
-            try:
-                _current.reset(token)
-            except ValueError:
-                pass
-            self._root[_TRACE] = None  # type: ignore[index]
-
-
-if SPEEDUPS:
-    _c_trace_setup(_WALL, resolve_clock, time.time, ConfigError, _PyTraceBase.stop)
-    _TraceBase = _CTraceBase
-else:
-    _TraceBase = _PyTraceBase  # type: ignore[assignment,misc]
-
-
-class Trace(_TraceBase):  # type: ignore[valid-type,misc]
+class Trace(_twin.TraceBase):  # type: ignore[misc,name-defined]
     """One request's stages. Use ``servescope.trace()`` to open one:
     ``trace(*, cuda="auto", clock=None, recorder=None)``.
 
@@ -475,9 +335,12 @@ class Trace(_TraceBase):  # type: ignore[valid-type,misc]
     raised) and ``start_time`` (epoch seconds).
     """
 
-    __slots__ = ()
-    # the C __init__ has no signature of its own: help() and IDEs read this one
-    __signature__ = inspect.Signature(list(inspect.signature(_PyTraceBase.__init__).parameters.values())[1:])
+    __slots__ = ()  # the twin's TraceBase starts, stops and detaches it (its stop reads _self_times)
+    _wall_self_times = staticmethod(_twin.self_times)  # the same twin's self-time pass
+    # the C __init__ has no signature of its own: help() and IDEs read the Python twin's
+    __signature__ = inspect.Signature(
+        list(inspect.signature(_speedups_py.TraceBase.__init__).parameters.values())[1:]
+    )
 
     def finish(self, error: BaseException | None = None) -> Trace:
         """Close the trace: ``stop()`` then ``detach()``."""
@@ -537,26 +400,23 @@ class Trace(_TraceBase):  # type: ignore[valid-type,misc]
         """
         root = self._root
         assert root is not None  # guarded by the callers
-        if _c_self_times is not None and self.clock.name == "wall" and not self._summed:
-            out, covered, n_closed = _c_self_times(self._spans, root, release)  # writes no sums
+        if self.clock.name == "wall":  # marks are ns already: the twin's pass (it writes no sums)
+            out, covered, n_closed = self._wall_self_times(self._spans, root, release)
             for name, d in self._added:
                 out[name] = out.get(name, 0) + d
             return out, covered, n_closed
+        # a device clock: the same pass over marks resolved to ns (once), summing in the spans
         if not release or self._summed:  # a header summed them before: start again from zero
             root[_CHILD] = 0
             for sp in self._spans:
                 sp[_CHILD] = 0
         self._summed = not release
-        if self.clock.name == "wall":  # marks are ns already: the hot path, no copies
-            closed = [sp for sp in self._spans if sp[_END] is not None]
-            starts = ends = None
-        else:
-            closed, starts, ends = self._closed_ns()
-        out: dict[str, int] = {}
+        closed, starts, ends = self._closed_ns()
+        out = {}
         # children open after their parent: walking backwards, a span's children are done
         for i in range(len(closed) - 1, -1, -1):
             sp = closed[i]
-            d = sp[_END] - sp[_START] if starts is None else ends[i] - starts[i]  # type: ignore[index]
+            d = ends[i] - starts[i]
             if d < 0:
                 d = 0
             sp[_PARENT][_CHILD] += d
@@ -622,3 +482,26 @@ class Trace(_TraceBase):  # type: ignore[valid-type,misc]
 #: ``servescope.trace(cuda=..., clock=..., recorder=...)`` opens a trace for one request:
 #: ``with servescope.trace() as t: ...`` (the class itself: one call less per request).
 trace = Trace
+
+
+_TwinAPI = tuple[type[Stage], type[Trace], Callable[[str], Stage], dict[str, Stage]]
+_OTHER_TWIN_API: dict[str, _TwinAPI] = {}
+
+
+def _twin_api(twin: ModuleType) -> _TwinAPI:
+    """``Stage``, ``Trace``, ``stage`` and its shared stages over one twin (``_speedups`` or
+    ``_speedups_py``): this module's own for the twin in use; for the other, made at the first
+    call (the same class bodies, over its bases), so that tests hold both twins to the same
+    behaviour in one process."""
+    if twin is _twin:
+        return Stage, Trace, stage, _STAGES
+    made = _OTHER_TWIN_API.get(twin.__name__)
+    if made is None:
+        _bind(twin)
+        stage_cls = type("Stage", (twin.StageBase,), dict(Stage.__dict__))
+        trace_body = {**Trace.__dict__, "_wall_self_times": staticmethod(twin.self_times)}
+        trace_cls = type("Trace", (twin.TraceBase,), trace_body)
+        shared: dict[str, Stage] = {}
+        twin.stage_setup(shared, _stage_maker(stage_cls, shared))
+        made = _OTHER_TWIN_API[twin.__name__] = (stage_cls, trace_cls, twin.stage, shared)
+    return made
