@@ -655,3 +655,22 @@ def test_a_model_that_hangs_every_worker_fails_ready_for_good():
     app.batcher.batch_started_ns = 0
     assert app.check_stuck(now_ns=1_500_000_000) is True
     assert app.state == "failed" and "not replaced again" in app.failure
+
+
+def test_a_field_the_request_lacks_in_preprocess_is_a_422_not_a_500():
+    class Picky(Doubler):
+        def validate(self, payload):
+            return payload  # no checks here: preprocess reads the fields
+
+        def preprocess(self, item):
+            return torch.tensor(item["x"], dtype=torch.float32) * item.get("scale", 1)
+
+    app = servescope.serve(Picky(), example={"x": [0.0] * 4})
+
+    async def go():
+        async with Running(app) as client:
+            return await client.post("/predict", json={"y": [1, 2, 3, 4]}), await client.post("/predict", json={"x": [1, 2, 3, 4]})
+
+    missing, ok = run(go())
+    assert missing.status_code == 422 and missing.json()["error"] == "invalid payload: missing field 'x'"
+    assert ok.status_code == 200 and ok.json() == {"y": [2.0, 4.0, 6.0, 8.0]}

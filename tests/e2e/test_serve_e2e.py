@@ -292,3 +292,15 @@ def test_connections_beyond_the_limit_get_503_and_the_rest_are_served(limited):
             s.close()
     time.sleep(0.5)  # the server sees the held connections close
     assert post(f"http://127.0.0.1:{port}").status == 200
+
+
+def test_a_model_that_cannot_load_ends_serve_with_the_reason():
+    port = free_port()
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "serve", "tests/e2e/endpoints/broken_load.py:BrokenLoad", "--port", str(port)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 3, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("servescope: error: tests/e2e/endpoints/broken_load.py:BrokenLoad could not start: FileNotFoundError")
+    assert "no checkpoint at /models/ckpt.pt" in last and "Traceback" in p.stderr

@@ -11,7 +11,10 @@ from . import common
 from .common import duration, positive_int
 
 NAME = "serve"
+#: The exit status when the model fails to load or warm up (70: a batch got stuck, see serve/app.py).
+EXIT_START_FAILED = 3
 HELP = "serve a servescope.Model with batching, warm-up and Server-Timing"
+EPILOG = "exit status: 0 stopped by SIGINT/SIGTERM, 2 bad arguments, 3 the model failed to load or warm up, 70 a batch outlived its deadline"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,5 +85,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("servescope").setLevel(logging.INFO)
     sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} (loading...)\n")
-    app.run(args.host, args.port)
+    if app.run(args.host, args.port) == "failed":
+        sys.stderr.write(f"servescope: error: {args.target} could not start: {app.failure} (the traceback is above)\n")
+        return EXIT_START_FAILED
     return 0

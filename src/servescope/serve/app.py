@@ -160,6 +160,7 @@ class ServeApp:
         self.failure: str | None = None
         self.info: dict[str, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: Any = None  # the uvicorn server run() started, if it did
         self._ready = threading.Event()
         self._msgpack = importlib.util.find_spec("msgpack") is not None  # else JSON for everyone
         # a failed request's details go to the log under a request id; the client gets the id
@@ -208,7 +209,9 @@ class ServeApp:
         except Exception as exc:
             self.state = "failed"
             self.failure = f"{type(exc).__name__}: {exc}"
-            log.error("servescope: start-up failed: %s", self.failure)
+            log.error("servescope: start-up failed: %s", self.failure, exc_info=exc)
+            if self._server is not None:  # run() owns the server: stop it
+                self._server.should_exit = True
         finally:
             self._ready.set()
         return self.state
@@ -270,17 +273,24 @@ class ServeApp:
 
     async def shutdown(self) -> None:
         """Finish queued work, then stop the worker."""
-        self.state = "stopping"
+        if self.state != "failed":  # a failed start-up stays failed: run() reports it
+            self.state = "stopping"
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop)
 
-    def run(self, host: str = "127.0.0.1", port: int = 8000, **uvicorn_options: Any) -> None:
+    def run(self, host: str = "127.0.0.1", port: int = 8000, **uvicorn_options: Any) -> str:
         """Serve on uvicorn with this app's HTTP limits (head size and deadline, connections)
-        until SIGINT/SIGTERM, which finish in-flight requests first. ``uvicorn module:app``
-        serves it too, with the body limits and deadlines but uvicorn's own head handling."""
+        until SIGINT/SIGTERM, which finish in-flight requests first, or until loading or
+        warm-up fails (the server stops: nothing is served by a process that cannot serve).
+        Returns the final state: "stopping", or "failed" with the reason in ``failure``.
+        ``uvicorn module:app`` serves the app too, with the body limits and deadlines but
+        uvicorn's own head handling, and a failed start-up answering 503 on /ready."""
         import uvicorn
 
         options = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 30, **self.limits.uvicorn_options()}
-        uvicorn.run(self, host=host, port=port, **{**options, **uvicorn_options})
+        server = uvicorn.Server(uvicorn.Config(self, host=host, port=port, **{**options, **uvicorn_options}))
+        self._server = server
+        server.run()
+        return self.state
 
     async def _report_body(self) -> bytes:
         """The /report body: the one built within the interval, the one being built, or a new one."""
@@ -488,7 +498,7 @@ class ServeApp:
 
     async def _answer(self, send: Any, item: Item, t0: int, durations: dict[str, int], accept: str) -> None:
         durations.update(item.durations)
-        if item.error is not None and item.stage == "validate":
+        if item.error is not None and item.status == 422:  # validate() refused it, or preprocess missed a field
             rid = self._request_id()
             exc = item.exc
             log.warning("servescope: request %s: invalid payload: %s: %s", rid, type(exc).__name__, exc)

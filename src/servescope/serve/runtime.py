@@ -140,6 +140,10 @@ class Runtime:
             try:
                 inputs.append(model.preprocess(it.payload))
                 live.append(it)
+            except KeyError as exc:  # a field the request lacks is the request's fault: 422
+                missing = exc.args[0] if exc.args else None
+                bad_request = isinstance(it.payload, dict) and isinstance(missing, str) and missing not in it.payload
+                _fail(it, exc, 422 if bad_request else 500, "preprocess")
             except Exception as exc:
                 _fail(it, exc, 500, "preprocess")
             it.durations["preprocess"] = now() - t
