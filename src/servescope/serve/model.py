@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["Model"]
@@ -22,13 +23,23 @@ class Model:
             def postprocess(self, output):      # per item
                 return {"embedding": output}
 
-    ``infer(self, batch)`` may be overridden; by default the loaded model is called on the
-    batch (items' tensors stacked along a new first dimension). ``self.model`` and
-    ``self.device`` are set once ``load`` has returned.
+    Batches are made by ``collate`` and taken apart by ``split``; both have defaults that fit
+    what models take (see their docstrings) and may be overridden. ``infer(self, batch)`` may
+    be overridden too; by default the loaded model is called on the batch (``model(**batch)``
+    for a dict, as transformers models take it). ``postprocess(self, output, request)`` may
+    take the validated request as a second argument (per-request options: ``top_k``, a
+    threshold). ``self.model`` and ``self.device`` are set once ``load`` has returned.
     """
 
     #: A payload the runtime uses to warm up (each batch size it will use) before /ready.
     example: Any = None
+    #: More payloads to warm up with, e.g. a short and a long text: each runs at every batch
+    #: size too, so the lengths that will be seen are compiled and allocated before /ready.
+    examples: list[Any] = []
+    #: What ``collate`` pads a field with when items' lengths differ (0 when not named): e.g.
+    #: ``{"input_ids": tokenizer.pad_token_id}``. Masks are 0, so padding changes no result
+    #: of a model that takes its attention mask.
+    pad_values: dict[str, float] = {}
 
     model: Any = None
     device: str = "cpu"
@@ -42,8 +53,24 @@ class Model:
     def preprocess(self, item: Any) -> Any:
         return item
 
+    def collate(self, inputs: list[Any]) -> Any:
+        """The batch from the items' preprocessed inputs. By default tensors, numpy arrays and
+        lists of numbers are stacked along a new first dimension, right-padded to the longest
+        item with ``pad_values``; dicts and tuples field by field; a tokenizer's
+        ``BatchEncoding`` is concatenated along its batch dimension of 1."""
+        from .runtime import collate
+
+        return collate(inputs, self.pad_values)
+
     def infer(self, batch: Any) -> Any:
-        return self.model(batch)
+        return self.model(**batch) if isinstance(batch, Mapping) else self.model(batch)
+
+    def split(self, output: Any, n: int) -> list[Any]:
+        """The batch's output as one output per item: tensors and arrays along the first
+        dimension, dicts and tuples field by field, lists item by item."""
+        from .runtime import split
+
+        return split(output, n)
 
     def postprocess(self, output: Any) -> Any:
         return output

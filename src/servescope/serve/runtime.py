@@ -6,8 +6,10 @@ torch is imported only when the user's model is a torch model or returns tensors
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import orjson
@@ -17,7 +19,9 @@ from ..timing import resolve_clock
 from .batching import Item
 from .model import Model
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "collate", "split"]
+
+log = logging.getLogger("servescope")
 
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -62,6 +66,9 @@ class Runtime:
         self.device = "cpu"
         self.clock: Any = None
         self._pinned: dict[tuple[Any, ...], Any] = {}
+        self._said_unbatched = False
+        #: postprocess(output, request): the hook takes the validated request too
+        self._post_with_request = _takes_two(model.postprocess)
         self.info: dict[str, Any] = {}
         #: called on the worker thread with each finished batch (the server resolves futures)
         self.on_batch_done: Callable[[list[Item]], None] | None = None
@@ -97,14 +104,17 @@ class Runtime:
         return self.info
 
     def warm_up(self, example: Any, batch_sizes: list[int]) -> list[int]:
-        """Run the example through every stage at each batch size; raises if it fails."""
-        item = self.model.validate(example)
+        """Run the example (and ``Model.examples``) through every stage at each batch size,
+        mixed within each batch as requests of different lengths are; raises if it fails."""
+        values = [self.model.validate(e) for e in [example, *(self.model.examples or [])]]
         for n in batch_sizes:
-            items = [Item(item) for _ in range(n)]
-            self.process(items)
-            failed = [i for i in items if i.error]
-            if failed:
-                raise RuntimeError(f"warm-up at batch size {n} failed: {failed[0].error}")
+            batches = [[v] for v in values] if n == 1 else [[values[i % len(values)] for i in range(n)]]
+            for batch in batches:
+                items = [Item(v) for v in batch]
+                self.process(items)
+                failed = [i for i in items if i.error]
+                if failed:
+                    raise RuntimeError(f"warm-up at batch size {n} failed: {failed[0].error}")
         return batch_sizes
 
     # -- the batch ---------------------------------------------------------------------------
@@ -154,7 +164,7 @@ class Runtime:
                     continue
                 t = now()
                 try:
-                    result = model.postprocess(out)
+                    result = model.postprocess(out, it.payload) if self._post_with_request else model.postprocess(out)
                 except Exception as exc:
                     _fail(it, exc, 500, "postprocess")
                     continue
@@ -178,6 +188,7 @@ class Runtime:
             if len(items) == 1:
                 _fail(items[0], exc, 500, "forward")
                 return [None]
+            batch_error = exc
         outs = []
         for it, x in zip(items, inputs):  # batch-mates of a bad item still get answers
             try:
@@ -185,13 +196,22 @@ class Runtime:
             except Exception as exc:
                 _fail(it, exc, 500, "forward")
                 outs.append(None)
+        if all(it.error is None for it in items) and not self._said_unbatched:
+            # every item runs alone, so the batch failed for being a batch: say so once, since
+            # from here on each such batch silently costs len(items) forwards
+            self._said_unbatched = True
+            log.warning(
+                "servescope: a batch of %d failed as a batch (%s: %s) and every item succeeded alone, so batches "
+                "like it run item by item: override Model.collate() / Model.split(), or make preprocess "
+                "return what stacks (docs/serve.md)", len(items), type(batch_error).__name__, batch_error,
+            )  # fmt: skip
         return outs
 
     def _batched(self, items: list[Item], inputs: list[Any]) -> list[Any]:
         clock = self.clock
         torch = _torch()
         m0 = clock.mark()
-        batch = collate(inputs)
+        batch = self.model.collate(inputs)
         batch = self._to_device(batch)
         m1 = clock.mark()
         if torch is not None:
@@ -207,7 +227,7 @@ class Runtime:
             it.durations["to_device"] = ns[0]
             it.durations["infer"] = ns[1] - ns[0]
             it.durations["to_host"] = ns[2] - ns[1]
-        return split(out, len(items))
+        return self.model.split(out, len(items))
 
     def _to_device(self, batch: Any) -> Any:
         if self.device == "cpu":  # preprocess made it on the CPU: nothing to move
@@ -221,6 +241,18 @@ class Runtime:
             buf = self._pinned[key] = batch.new_empty(batch.shape).pin_memory()
         buf.copy_(batch)
         return buf.to(self.device, non_blocking=True)
+
+
+def _takes_two(method: Any) -> bool:
+    """Whether a bound method takes two positional arguments (``postprocess(output, request)``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def _fail(item: Item, exc: BaseException, status: int, stage: str = "model") -> None:
@@ -257,23 +289,67 @@ class NonFiniteOutput(ValueError):
     never as a silent ``null``; msgpack carries them as they are)."""
 
 
-def collate(inputs: list[Any]) -> Any:
-    """Items' tensors stacked along a new first dimension (dicts and tuples per field)."""
+def collate(inputs: list[Any], pad_values: Mapping[str, float] | None = None) -> Any:
+    """Items into one batch, as models take them: tensors, numpy arrays and lists of numbers
+    stacked along a new first dimension, right-padded to the longest item when lengths differ
+    (with ``pad_values[field]``, 0 by default: attention masks and token type ids pad with 0);
+    dicts and tuples field by field. A tokenizer's output (``BatchEncoding``, whose tensors
+    already have a batch dimension of 1) is concatenated along that dimension instead."""
     first = inputs[0]
-    torch = _torch()
-    if isinstance(first, dict):
-        return {k: collate([x[k] for x in inputs]) for k in first}
+    pads = pad_values or {}
+    if isinstance(first, Mapping):
+        joined = type(first).__name__ == "BatchEncoding"
+        return {k: _collate_field([x[k] for x in inputs], pads.get(k, 0), joined) for k in first}
     if isinstance(first, (tuple, list)) and first and not isinstance(first[0], (int, float)):
-        return type(first)(collate(list(xs)) for xs in zip(*inputs))
-    if torch is not None:
-        if isinstance(first, torch.Tensor):
-            return first.unsqueeze(0) if len(inputs) == 1 else torch.stack(inputs)
-        np = sys.modules.get("numpy")
-        if np is not None and isinstance(first, np.ndarray):
-            return torch.from_numpy(np.stack(inputs))
-        if isinstance(first, (int, float, list)):
-            return torch.tensor(inputs)
-    return inputs
+        return type(first)(collate(list(xs), pads) for xs in zip(*inputs))
+    return _collate_field(inputs, pads.get("", 0), False)
+
+
+def _collate_field(values: list[Any], pad: float, joined: bool) -> Any:
+    torch = _torch()
+    first = values[0]
+    if isinstance(first, Mapping) or (isinstance(first, tuple) and first and not isinstance(first[0], (int, float))):
+        return collate(values)
+    if torch is None:
+        return values
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(first, np.ndarray):
+        values = [torch.from_numpy(v) for v in values]
+        first = values[0]
+    elif isinstance(first, list) and all(isinstance(v, list) for v in values):
+        if len({len(v) for v in values}) > 1:  # ragged token ids: pad to the longest
+            width = max(len(v) for v in values)
+            values = [v + [pad] * (width - len(v)) for v in values]
+        return torch.tensor(values)
+    elif isinstance(first, (int, float)):
+        return torch.tensor(values)
+    if not isinstance(first, torch.Tensor):
+        return values
+    if joined and all(v.dim() >= 1 and v.shape[0] == 1 for v in values):
+        return torch.cat(_padded(values, pad, torch), 0) if len(values) > 1 else first
+    if len(values) == 1:
+        return first.unsqueeze(0)
+    return torch.stack(_padded(values, pad, torch))
+
+
+def _padded(tensors: list[Any], pad: float, torch: Any) -> list[Any]:
+    """The tensors right-padded to the largest size along every dimension (as they are when
+    their shapes already agree)."""
+    shape = tensors[0].shape
+    if all(t.shape == shape for t in tensors):
+        return tensors
+    if len({t.dim() for t in tensors}) > 1:
+        raise ValueError(f"cannot batch tensors of different ranks: {sorted({t.dim() for t in tensors})}")
+    size = [max(sizes) for sizes in zip(*(t.shape for t in tensors))]
+    out = []
+    for t in tensors:
+        if list(t.shape) == size:
+            out.append(t)
+            continue
+        full = t.new_full(size, pad)
+        full[tuple(slice(0, n) for n in t.shape)] = t
+        out.append(full)
+    return out
 
 
 def to_device(batch: Any, device: str) -> Any:
