@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from servescope.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_duration, results_report
-from servescope.exceptions import ConfigError
+from servescope.exceptions import ConfigError, EndpointError
 from servescope.loadgen import Result, Target, build_requests, schedule
 from servescope.renderers.html import render_html
 from servescope.sweep import saturation
@@ -271,3 +271,16 @@ def test_the_generator_reports_progress_since_what_was_already_shown():
     assert gen.progress_since(0) == (2, 1, [2.0])
     gen.results.append(Result(0, 0, 4 * MS, 200, None, None))
     assert gen.progress_since(2) == (3, 0, [4.0])
+
+
+def test_an_endpoint_that_cannot_be_reached_is_an_endpoint_error_not_a_bad_setting():
+    import socket
+
+    from servescope.bench import run_bench
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(EndpointError, match=rf"cannot reach http://127.0.0.1:{port}/predict: connection refused") as exc:
+        run_bench(BenchOptions(url=f"http://127.0.0.1:{port}/predict", requests=1))
+    assert not isinstance(exc.value, ConfigError)

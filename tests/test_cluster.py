@@ -13,7 +13,7 @@ from servescope import Recorder, Report
 from servescope.bench import BenchOptions
 from servescope.cli import main
 from servescope.cluster import _merge, connect, split_level
-from servescope.exceptions import ConfigError, MissingDependencyError, RecordError
+from servescope.exceptions import ConfigError, EndpointError, MissingDependencyError, RecordError
 from servescope.loadgen import Result, schedule
 from servescope.serve.ray_serve import StatsCollector
 
@@ -56,8 +56,9 @@ def test_generators_merge_to_exact_percentiles_and_a_lost_one_is_named():
     assert rep.latency["p99_ms"] == pytest.approx(np.percentile(union, 99), abs=1e-3)  # never an average of p99s
     assert [g["node"] for g in rep.extra["generators"]] == ["n1", "n2"]
     assert rep.extra["generators_lost"] == ["generator 1: ActorDiedError: node died"]
-    with pytest.raises(ConfigError, match="every load generator was lost"):
+    with pytest.raises(EndpointError, match="every load generator was lost") as lost:
         _merge(options, "concurrency", 4, ["generator 0: gone"], None)
+    assert not isinstance(lost.value, ConfigError)  # nothing the user set was wrong
 
 
 def test_replicas_figures_merge_exactly_in_the_collector():
@@ -99,6 +100,8 @@ def test_an_unreachable_ray_address_fails_fast_with_one_line(capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "cannot reach the Ray cluster at 127.0.0.1:1" in err
+    with pytest.raises(EndpointError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
+        connect("127.0.0.1:1")
 
 
 def test_without_ray_installed_the_error_names_the_extra(monkeypatch):

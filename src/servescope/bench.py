@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .exceptions import ConfigError, ServerTimingError
+from .exceptions import ConfigError, EndpointError, ServerTimingError
 from .loadgen import OVERSIZED, LoadGenerator, Result, Target, build_requests, error_kind
 from .recorder import Recorder
 from .report import Report
@@ -278,7 +278,7 @@ def run_bench(
 ) -> list[Report]:
     """Run every load level; return one Report per level (the cold first request in each).
 
-    Raises ``ConfigError`` when the very first request cannot connect (a wrong URL or a server
+    Raises ``EndpointError`` when the very first request cannot connect (a wrong URL or a server
     that is not up). Ctrl-C (SIGINT) ends the level under way: its report covers what ran,
     and later levels are skipped.
     """
@@ -299,7 +299,7 @@ def run_bench(
             pass
         first_ms, first_err = await first_request(options, raw)
         if is_unreachable(first_err):
-            raise ConfigError(f"cannot reach {options.target}: {first_err}")
+            raise EndpointError(f"cannot reach {options.target}: {first_err}")
         for mode, level in options.levels:
             if state["interrupted"]:
                 break

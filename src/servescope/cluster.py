@@ -28,7 +28,7 @@ from .bench import (
     results_report,
     run_level,
 )
-from .exceptions import ConfigError, require
+from .exceptions import ConfigError, EndpointError, require
 from .loadgen import Result
 from .report import Report
 from .sections import GeneratorRow, Load
@@ -62,11 +62,11 @@ def connect(address: str | None = None) -> bool:
         try:
             socket.create_connection((host, port), timeout=3).close()
         except OSError as exc:
-            raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
+            raise EndpointError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
     try:
         ray.init(address=address, **quiet)  # type: ignore[attr-defined]
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+        raise EndpointError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
     return False
 
 
@@ -202,7 +202,7 @@ def run_bench_ray(
         say(f"{generators} load generator(s) on {len(set(nodes))} node(s): {', '.join(sorted(set(nodes)))}")
         first_ms, first_err = ray.get(actors[0].first.remote(options), timeout=options.timeout_s + 60)
         if is_unreachable(first_err):
-            raise ConfigError(f"cannot reach {options.target} from the Ray cluster: {first_err}")
+            raise EndpointError(f"cannot reach {options.target} from the Ray cluster: {first_err}")
         for mode, level in options.levels:
             shares = split_level(mode, level, generators)
             start_at = time.time() + BARRIER_S
@@ -289,7 +289,7 @@ def _merge(options: BenchOptions, mode: str, level: float, outcomes: list[dict[s
             )
         )
     if not rows:
-        raise ConfigError("every load generator was lost: " + "; ".join(lost))
+        raise EndpointError("every load generator was lost, so nothing was measured: " + "; ".join(lost))
     meta = {**level_meta(options, mode, level), "generators": len(outcomes)}
     rep = results_report(
         results, measure_from_ns=0, measure_until_ns=min(untils) if untils else None, first_ms=first_ms,

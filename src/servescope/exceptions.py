@@ -6,8 +6,11 @@
     ├── ServerTimingError (ValueError)  a malformed ``Server-Timing`` header value
     ├── ReportError (ValueError)        a report that cannot be read
     │   └── SchemaError                 a report of an unknown or newer schema
-    ├── ConfigError (ValueError)        a bad keyword argument or CLI option
-    ├── EndpointError                   the endpoint could not be started, reached or measured
+    ├── ConfigError (ValueError)        a bad setting: a keyword argument, a CLI option, a file
+    │                                   that is not what it should be; fixed by changing it
+    ├── EndpointError                   what is measured could not be started, reached or measured:
+    │                                   an endpoint that refuses connections or fails its start-up,
+    │                                   a Ray cluster that does not answer, every load generator lost
     ├── InvalidPayload (ValueError)     raised by a Model's validate(): its text is for the client
     └── MissingDependencyError (ImportError)  an optional extra is not installed
 
@@ -42,12 +45,19 @@ class SchemaError(ReportError):
 
 
 class ConfigError(ServescopeError, ValueError):
-    """A configuration value was invalid."""
+    """A setting was invalid (a keyword argument, a CLI option): the same call with a valid
+    one would work. Something that could not be reached or started is an ``EndpointError``."""
 
 
 class EndpointError(ServescopeError):
-    """The endpoint under test could not be started, reached or measured (its own failure,
-    not a bad option)."""
+    """The endpoint under test, or what drives load to it, could not be started, reached or
+    measured: its own failure (or the network's), not a bad setting.
+
+        try:
+            run_bench(BenchOptions(url="http://127.0.0.1:8000/predict"))
+        except EndpointError as exc:  # "cannot reach http://127.0.0.1:8000/predict: connection refused"
+            ...
+    """
 
 
 class InvalidPayload(ServescopeError, ValueError):
