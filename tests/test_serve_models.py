@@ -125,3 +125,43 @@ def test_a_batch_that_only_works_item_by_item_is_said_once(caplog):
             assert [it.body for it in items] == [b"2.0", b"6.0"]  # every item still answered right
     said = [r.getMessage() for r in caplog.records if "failed as a batch" in r.getMessage()]
     assert len(said) == 1 and "Model.collate()" in said[0]
+
+
+def test_the_models_own_stages_show_in_server_timing_and_the_report():
+    class Staged(servescope.Model):
+        example = {"text": "a b c"}
+
+        def load(self, device):
+            return torch.nn.Identity()
+
+        def preprocess(self, request):
+            with servescope.stage("tokenize"):
+                ids = [len(w) for w in request["text"].split()]
+            return torch.tensor(ids, dtype=torch.float32)
+
+        def infer(self, batch):
+            with servescope.stage("pool"):
+                return self.model(batch).mean(dim=1)
+
+        def postprocess(self, output):
+            return {"mean": float(output)}
+
+    app = servescope.serve(Staged())
+
+    async def go():
+        await app.startup()
+        assert await app.wait_ready() == "ready", app.failure
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            r = await client.post("/predict", json={"text": "ab cdef"})
+            report = await client.get("/report")
+        await app.shutdown()
+        return r, report
+
+    r, report = asyncio.run(go())
+    from servescope.servertiming import server_timing_durations
+
+    assert r.json() == {"mean": 3.0}
+    stages, total = server_timing_durations(r.headers["server-timing"])
+    assert {"tokenize", "pool", "preprocess", "infer", "postprocess"} <= set(stages)
+    assert sum(stages.values()) <= total + 0.01  # self times: nested stages are not counted twice
+    assert {"tokenize", "pool"} <= set(report.json()["stages"])

@@ -15,13 +15,14 @@ from typing import Any, Callable
 import orjson
 
 from ..environment import available_cpus
-from ..timing import resolve_clock
+from ..timing import OTHER, Trace, resolve_clock, stage
 from .batching import Item
 from .model import Model
 
 __all__ = ["Runtime", "collate", "split"]
 
 log = logging.getLogger("servescope")
+_WALL = resolve_clock("wall", None)  # the per-item hooks run on the host: no device clock, no sync
 
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -129,26 +130,21 @@ class Runtime:
             self.on_batch_done(items)
 
     def _process(self, items: list[Item]) -> None:
-        now = time.perf_counter_ns
-        start = now()
+        start = time.perf_counter_ns()
         model = self.model
         inputs = []
         live = []
         for it in items:
             if it.enqueued_ns:
                 it.durations["queue"] = start - it.enqueued_ns
-            t = now()
             if it.unvalidated:
                 try:
-                    it.payload = model.validate(it.payload)
+                    it.payload = _hook(it, "validate", model.validate, it.payload)
                 except Exception as exc:
                     _fail(it, exc, 422, "validate")
                     continue
-                finally:
-                    it.durations["validate"] = it.durations.get("validate", 0) + now() - t
-                t = now()
             try:
-                inputs.append(model.preprocess(it.payload))
+                inputs.append(_hook(it, "preprocess", model.preprocess, it.payload))
                 live.append(it)
             except KeyError as exc:  # a field the request lacks is the request's fault: 422
                 missing = exc.args[0] if exc.args else None
@@ -156,19 +152,20 @@ class Runtime:
                 _fail(it, exc, 422 if bad_request else 500, "preprocess")
             except Exception as exc:
                 _fail(it, exc, 500, "preprocess")
-            it.durations["preprocess"] = now() - t
         if live:
             outputs = self._forward(live, inputs)
             for it, out in zip(live, outputs):
                 if it.error is not None:
                     continue
-                t = now()
                 try:
-                    result = model.postprocess(out, it.payload) if self._post_with_request else model.postprocess(out)
+                    if self._post_with_request:
+                        result = _hook(it, "postprocess", model.postprocess, out, it.payload)
+                    else:
+                        result = _hook(it, "postprocess", model.postprocess, out)
                 except Exception as exc:
                     _fail(it, exc, 500, "postprocess")
                     continue
-                t2 = now()
+                t = time.perf_counter_ns()
                 try:
                     body = serialize(result, it.accept)
                     if it.accept != "msgpack" and b"null" in body and _nonfinite(result):
@@ -177,8 +174,8 @@ class Runtime:
                 except Exception as exc:
                     _fail(it, exc, 500, "serialize")
                     continue
-                it.durations["postprocess"] = t2 - t
-                it.durations["serialize"] = now() - t2
+                finally:
+                    it.durations["serialize"] = time.perf_counter_ns() - t
 
     def _forward(self, items: list[Item], inputs: list[Any]) -> list[Any]:
         """Collate, copy, forward, copy back and split; on failure retry one by one."""
@@ -208,25 +205,26 @@ class Runtime:
         return outs
 
     def _batched(self, items: list[Item], inputs: list[Any]) -> list[Any]:
-        clock = self.clock
         torch = _torch()
-        m0 = clock.mark()
-        batch = self.model.collate(inputs)
-        batch = self._to_device(batch)
-        m1 = clock.mark()
-        if torch is not None:
-            with torch.inference_mode():
-                out = self.model.infer(batch)
-        else:
-            out = self.model.infer(batch)
-        m2 = clock.mark()
-        out = to_host(out)
-        m3 = clock.mark()
-        ns = clock.resolve(m0, [m1, m2, m3])
-        for it in items:  # each item waited for the whole batch's copy and forward
-            it.durations["to_device"] = ns[0]
-            it.durations["infer"] = ns[1] - ns[0]
-            it.durations["to_host"] = ns[2] - ns[1]
+        # one trace for the batch, on the device's clock: the model's own servescope.stage()s
+        # inside collate or infer count under their names; every item waited for all of it
+        batch_trace = Trace(clock=self.clock)
+        try:
+            with batch_trace:
+                with stage("to_device"):
+                    batch = self._to_device(self.model.collate(inputs))
+                with stage("infer"):
+                    if torch is not None:
+                        with torch.inference_mode():
+                            out = self.model.infer(batch)
+                    else:
+                        out = self.model.infer(batch)
+                with stage("to_host"):
+                    out = to_host(out)
+        finally:
+            shared = {k: v for k, v in batch_trace.durations_ns.items() if k != OTHER}
+            for it in items:
+                it.durations.update(shared)
         return self.model.split(out, len(items))
 
     def _to_device(self, batch: Any) -> Any:
@@ -241,6 +239,21 @@ class Runtime:
             buf = self._pinned[key] = batch.new_empty(batch.shape).pin_memory()
         buf.copy_(batch)
         return buf.to(self.device, non_blocking=True)
+
+
+def _hook(item: Item, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call one of the model's per-item hooks inside a trace of its own: stages the hook opens
+    itself (``servescope.stage("tokenize")``) count under their names, the rest under
+    ``name``, all added to the item's stages (and so to Server-Timing, /metrics, /report)."""
+    t = Trace(clock=_WALL)
+    try:
+        with t, stage(name):
+            return fn(*args)
+    finally:
+        durations = item.durations
+        for k, ns in t.durations_ns.items():
+            if k != OTHER:
+                durations[k] = durations.get(k, 0) + ns
 
 
 def _takes_two(method: Any) -> bool:
