@@ -165,3 +165,32 @@ def test_the_models_own_stages_show_in_server_timing_and_the_report():
     assert {"tokenize", "pool", "preprocess", "infer", "postprocess"} <= set(stages)
     assert sum(stages.values()) <= total + 0.01  # self times: nested stages are not counted twice
     assert {"tokenize", "pool"} <= set(report.json()["stages"])
+
+
+def test_the_image_example_decodes_batches_and_refuses_what_is_not_an_image():
+    pytest.importorskip("PIL")
+    sys.path.insert(0, str(ROOT / "examples" / "serve"))
+    try:
+        from image_classifier import Classifier, _png
+    finally:
+        sys.path.pop(0)
+    app = servescope.serve(Classifier(), max_batch_size=8)
+    images = [_png((200, 30, 30)), _png((30, 200, 30), (120, 40)), _png((30, 30, 200), (32, 32))]
+
+    async def go():
+        await app.startup()
+        assert await app.wait_ready(60) == "ready", app.failure
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            alone = [await client.post("/predict", json={"image": img, "top_k": 2}) for img in images]
+            together = await asyncio.gather(*(client.post("/predict", json={"image": img, "top_k": 2}) for img in images * 3))
+            bad = await client.post("/predict", json={"image": "bm90IGFuIGltYWdl", "top_k": 2})
+        await app.shutdown()
+        return alone, together, bad
+
+    alone, together, bad = asyncio.run(go())
+    assert all(r.status_code == 200 and len(r.json()["labels"]) == 2 for r in alone + together)
+    for i, r in enumerate(together):  # batched with others, each image gets its own answer
+        mine, solo = r.json()["labels"], alone[i % 3].json()["labels"]
+        assert [x["label"] for x in mine] == [x["label"] for x in solo]
+        assert all(abs(a["p"] - b["p"]) < 1e-3 for a, b in zip(mine, solo))
+    assert bad.status_code == 422 and "image must be a base64-encoded PNG or JPEG" in bad.json()["error"]
