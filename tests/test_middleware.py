@@ -347,3 +347,70 @@ def test_wsgi_metrics_route_of_an_app_that_starts_its_response_with_the_first_ch
     assert r.status_code == 200 and r.data == b"mine"
     r = Client(ServescopeWSGIMiddleware(lazy("404 Not Found"), exporters=[PrometheusExporter()])).get("/metrics")
     assert r.status_code == 200 and b"servescope_stage_seconds" in r.data
+
+
+def _families(text: str) -> dict[str, dict]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: {tuple(sorted(s.labels.items())) + (s.name,): s.value for s in f.samples} for f in text_string_to_metric_families(text)}
+
+
+def test_one_line_serves_metrics_from_its_recorder_at_scrape_time():
+    mw = ServescopeMiddleware(fastapi_app())  # no exporter: the README's one line
+    for _ in range(3):
+        assert asyncio.run(call(mw, "POST", "/predict", json={"text": "a b"})).status_code == 200
+    r = asyncio.run(call(mw, "GET", "/metrics"))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    fams = _families(r.text)
+    infer = fams["servescope_stage_seconds"][(("stage", "infer"), "servescope_stage_seconds_count")]
+    assert infer == 3  # the three requests the recorder saw, computed when scraped
+    assert fams["servescope_requests"][(("status", "200"), "servescope_requests_total")] == 3
+    assert "server-timing" not in r.headers and len(mw.recorder.latency) == 3  # /metrics is not traced
+
+
+def test_metrics_path_none_keeps_no_metrics_and_another_path_moves_it():
+    off = ServescopeMiddleware(fastapi_app(), metrics_path=None)
+    assert off.metrics is None
+    assert asyncio.run(call(off, "GET", "/metrics")).status_code == 404  # the app's answer
+    moved = ServescopeMiddleware(fastapi_app(), metrics_path="/-/metrics")
+    assert asyncio.run(call(moved, "GET", "/metrics")).status_code == 404
+    assert "servescope_stage_seconds" in asyncio.run(call(moved, "GET", "/-/metrics")).text
+    wsgi = ServescopeWSGIMiddleware(flask_404_app(), metrics_path=None)
+    from werkzeug.test import Client
+
+    assert Client(wsgi).get("/metrics").status_code == 404
+
+
+def flask_404_app():
+    def app(environ, start_response):
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"nope"]
+
+    return app
+
+
+def test_without_prometheus_client_metrics_answers_501_naming_the_extra(monkeypatch):
+    import sys
+
+    from werkzeug.test import Client
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    mw = ServescopeMiddleware(fastapi_app())
+    r = asyncio.run(call(mw, "GET", "/metrics"))
+    assert r.status_code == 501 and "pip install 'servescope[prometheus]'" in r.text
+    assert asyncio.run(call(mw, "POST", "/predict", json={"text": "a"})).status_code == 200  # the rest works
+    w = Client(ServescopeWSGIMiddleware(flask_404_app())).get("/metrics")
+    assert w.status_code == 501 and b"servescope[prometheus]" in w.data
+
+
+def test_wsgi_one_line_serves_metrics_from_its_recorder():
+    from werkzeug.test import Client
+
+    app = Flask(__name__)
+    app.post("/predict")(lambda: jsonify(ok=True))
+    app.wsgi_app = ServescopeWSGIMiddleware(app.wsgi_app)
+    client = app.test_client()
+    client.post("/predict", json={}).close()
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert _families(r.text)["servescope_request_seconds"][("servescope_request_seconds_count",)] == 1

@@ -17,7 +17,9 @@ from .exceptions import ConfigError, require
 from .recorder import MORE_STAGES, StageNames
 from .timing import Trace
 
-__all__ = ["JsonLinesExporter", "OpenTelemetryExporter", "PrometheusExporter", "RecorderCollector", "STAGE_BUCKETS"]
+__all__ = [
+    "JsonLinesExporter", "OpenTelemetryExporter", "PrometheusExporter", "RecorderCollector", "RecorderMetrics", "STAGE_BUCKETS",
+]  # fmt: skip
 
 #: Seconds. Prometheus's default buckets start at 5 ms and would put every fast stage in one
 #: bucket; these resolve 50 us stages as well as 30 s requests.
@@ -140,6 +142,27 @@ class RecorderCollector:
             status = kind[5:] if kind.startswith("HTTP ") else "error"
             counter.add_metric([status], float(n))
         yield counter
+
+
+class RecorderMetrics:
+    """A ``/metrics`` body computed from a Recorder when scraped: what the one-line middleware
+    serves when no ``PrometheusExporter`` is given (nothing is added to the request path).
+
+        body, content_type = RecorderMetrics(recorder).exposition()
+
+    Single process, and what the recorder saw (the sampled requests); under several workers
+    give the middleware a ``PrometheusExporter`` in multiprocess mode instead.
+    """
+
+    def __init__(self, recorder: Any, *, prefix: str = "servescope", buckets: Sequence[float] = STAGE_BUCKETS) -> None:
+        prom = require("prometheus_client", "prometheus", "/metrics needs it.")
+        self._prom = prom
+        self.registry = prom.CollectorRegistry()
+        self.registry.register(RecorderCollector(recorder, prefix=prefix, buckets=buckets))
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The ``/metrics`` body and its content type."""
+        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
 
 
 class OpenTelemetryExporter:

@@ -7,8 +7,12 @@ Each sampled request gets a trace: ``receive`` (reading the body) and ``send`` (
 response) are timed here, handlers add their own stages with ``servescope.stage()``, the
 response carries a ``Server-Timing`` header with the stages measured before it was sent, and
 the finished trace goes to the recorder and to each exporter (Prometheus, OpenTelemetry,
-JSON lines: see exporters.py). With Prometheus among the exporters, ``/metrics`` is served
-where the app has no route of its own there.
+JSON lines: see exporters.py).
+
+``/metrics`` (``metrics_path``; None turns it off) is served where the app has no route of its
+own there: by a ``PrometheusExporter`` among the exporters, else computed from the recorder
+when scraped (nothing per request). Prometheus's text format is prometheus-client's to write:
+without it installed, ``/metrics`` answers 501 with the command that installs it.
 
 The middleware only adds: an app that sends its own ``Server-Timing`` keeps it as it is
 (the recorder adopts its stages), and the added line carries only the names the app's did not.
@@ -25,7 +29,7 @@ import random
 import time
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
-from .exceptions import ConfigError
+from .exceptions import ConfigError, MissingDependencyError
 from .recorder import Recorder
 from .servertiming import TOTAL, format_ns, server_timing_durations
 from .timing import Trace, stage
@@ -39,6 +43,9 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: ``/metrics`` without prometheus-client (the same answer as ``servescope serve``'s)
+_NO_PROMETHEUS = b"metrics need prometheus-client: pip install 'servescope[prometheus]'\n"
 
 
 class RequestInfo:
@@ -76,9 +83,16 @@ class _Instrumentation:
         self.exporters = list(exporters)
         self.sample_rate = float(sample_rate)
         self.server_timing = server_timing
+        self.metrics_path = metrics_path
         self.metrics = next((e for e in self.exporters if hasattr(e, "exposition")), None)
-        self.metrics_path = metrics_path if self.metrics is not None else None
-        self.exclude = frozenset(exclude_paths) | ({metrics_path} if self.metrics_path else set())
+        if self.metrics is None and metrics_path is not None:
+            from .exporters import RecorderMetrics
+
+            try:  # computed from the recorder at scrape time: nothing more per request
+                self.metrics = RecorderMetrics(self.recorder)
+            except MissingDependencyError:
+                self.metrics = None  # /metrics answers 501, naming the extra
+        self.exclude = frozenset(exclude_paths) | ({metrics_path} if metrics_path else set())
         self._failed_exporters: set[int] = set()
         self._timing_failed = False
 
@@ -86,6 +100,13 @@ class _Instrumentation:
         if path in self.exclude:
             return False
         return self.sample_rate >= 1.0 or random.random() < self.sample_rate
+
+    def metrics_response(self) -> tuple[int, bytes, str]:
+        """Status, body and content type for ``metrics_path``."""
+        if self.metrics is None:
+            return 501, _NO_PROMETHEUS, "text/plain; charset=utf-8"
+        body, content_type = self.metrics.exposition()
+        return 200, body, content_type
 
     def header(self, tr: Trace, skip: set[str] | None = None) -> str:
         """Our Server-Timing value, without the names in ``skip`` (the app's own)."""
@@ -154,12 +175,13 @@ class ServescopeMiddleware(_Instrumentation):
     """ASGI middleware: a trace per HTTP request.
 
         app = FastAPI()
-        app.add_middleware(ServescopeMiddleware, exporters=[PrometheusExporter()])
+        app.add_middleware(ServescopeMiddleware)   # Server-Timing on each response, and /metrics
 
     Keyword arguments: ``recorder`` (a ``Recorder``; one is made if omitted, see
     ``.recorder.report()``), ``exporters``, ``sample_rate`` (0..1, the share of requests traced;
     the others pay one random draw), ``server_timing`` (send the header), ``metrics_path``
-    (where a Prometheus exporter is served), ``exclude_paths`` (never traced).
+    (where Prometheus metrics are served, ``"/metrics"``; None: nowhere), ``exclude_paths``
+    (never traced).
     A response with status >= 400, or an app that raises, is recorded as a failed request.
     """
 
@@ -232,9 +254,9 @@ class ServescopeMiddleware(_Instrumentation):
             await self._serve_metrics(send)
 
     async def _serve_metrics(self, send: Send) -> None:
-        body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
+        status, body, content_type = self.metrics_response()
         headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
@@ -305,8 +327,9 @@ class ServescopeWSGIMiddleware(_Instrumentation):
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-            body, content_type = self.metrics.exposition()  # type: ignore[union-attr]
-            start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            status, body, content_type = self.metrics_response()
+            line = "200 OK" if status == 200 else "501 Not Implemented"
+            start_response(line, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
             return [body]
         return result if chunks is None else _Prepended(first, chunks, result)
 
