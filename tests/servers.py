@@ -12,7 +12,7 @@ DELAY_S = float(os.environ.get("SERVESCOPE_TEST_DELAY", "0.02"))
 async def app(scope, receive, send):
     """``/delay`` sleeps DELAY_S and says so in Server-Timing; ``/stall`` stalls the whole
     server (a blocking sleep on the event loop) once, 1 s after its first request; ``/fast``
-    answers at once; ``/error`` answers 503."""
+    answers at once; ``/error`` answers 503; ``/reject`` answers 422 with a body and Server-Timing."""
     if scope["type"] == "lifespan":
         while True:
             msg = await receive()
@@ -45,5 +45,9 @@ async def app(scope, receive, send):
             time.sleep(0.5)  # blocks the loop: every request in flight or arriving waits
     elif path == "/error":
         status = 503
+    elif path == "/reject":  # an endpoint that refuses the payload, with its timing, as servescope.serve does
+        await send({"type": "http.response.start", "status": 422, "headers": [*headers, (b"server-timing", b"validate;dur=0.050, total;dur=0.060")]})
+        await send({"type": "http.response.body", "body": b'{"error": "invalid payload: missing field \'text\'"}'})
+        return
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b'{"ok": true}'})

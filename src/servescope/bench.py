@@ -31,7 +31,7 @@ from .stats import Distribution, summarize
 from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
 from .timing import OTHER
 
-__all__ = ["BenchOptions", "parse_duration", "run_bench", "results_report", "saturation", "sweep_summary"]
+__all__ = ["BenchOptions", "failed_levels", "parse_duration", "run_bench", "results_report", "saturation", "sweep_summary"]
 
 #: The stage that holds what the server's own timing does not: the network, the client,
 #: and the server outside its stages before they started (accept, parsing).
@@ -145,6 +145,8 @@ def results_report(
         kind = error_kind(result)
         if kind is not None:
             rec.record_durations({}, latency, error=kind)
+            if st is not None:  # an error answer with the header: the server does send it
+                with_timing += 1
             continue
         from_send = (done - sent) / 1e6
         uncorrected.add(from_send)
@@ -245,6 +247,7 @@ async def run_level(
             seed=options.seed if seed is None else seed, offset_ns=offset_ns,
         )  # fmt: skip
     state["gen"] = None
+    state["first_error_body"] = gen.first_error_body
     until = None if options.duration_s is None else measure_from + round(options.duration_s * 1e9)
     if until is not None:
         until = min(until, time.perf_counter_ns())
@@ -317,6 +320,7 @@ def run_bench(
             )  # fmt: skip
             assert rep.load is not None  # results_report made it
             rep.load.first_error = first_err or None
+            rep.load.first_error_body = state.get("first_error_body")
             if results:
                 rep.load.generator = rep.load.generator or GeneratorHealth()
                 rep.load.generator.cpu_us_per_request = round(cpu / len(results) * 1e6, 1)
@@ -328,6 +332,30 @@ def run_bench(
     finally:
         loop.close()
     return reports
+
+
+#: A level at or over this share of failed requests did not measure the endpoint: its latency
+#: figures are of error answers (often fast ones), so the run fails and says so first.
+FAILED_SHARE = 0.5
+
+
+def failed_levels(reports: list[Report]) -> str | None:
+    """What to say first when a level's requests mostly failed (or none completed), else None:
+    the failures by kind and the first error answer's body."""
+    said = []
+    for rep in reports:
+        load = rep.load
+        measured = load.requests.measured if load is not None and load.requests is not None else 0
+        failed = sum(rep.errors.values())
+        if measured and failed < FAILED_SHARE * measured:
+            continue
+        kinds = ", ".join(f"{kind} x{n}" for kind, n in sorted(rep.errors.items(), key=lambda kv: -kv[1])) or "no answer"
+        level = next((f"{k}={rep.meta[k]:g}" for k in ("concurrency", "rate") if isinstance(rep.meta.get(k), (int, float))), "the run")
+        said.append(f"{level}: {failed} of {measured} requests failed ({kinds})" if measured else f"{level}: no request completed")
+    if not said:
+        return None
+    body = next((r.load.first_error_body for r in reports if r.load is not None and r.load.first_error_body), None)
+    return "; ".join(said) + (f". First error answer: {body}" if body else "")
 
 
 def fast_loop() -> Callable[[], asyncio.AbstractEventLoop]:

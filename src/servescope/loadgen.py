@@ -66,6 +66,9 @@ class Result(NamedTuple):
     error: str | None
 
 
+#: How much of the first error answer's body is kept.
+ERROR_BODY_BYTES = 512
+
 #: Builds a Result without the generated ``__new__``'s Python frame (a third of the cost),
 #: on the per-response path only.
 _result = tuple.__new__
@@ -174,6 +177,7 @@ class _Conn(asyncio.Protocol):
         self.more: list[bytes] | None = None  # with several lines: all of them, joined at the end
         self.st_len = 0  # their joined length, while several
         self.st_cap = gen.max_server_timing_bytes
+        self.body: bytes | None = None  # kept only for the run's first error answer
         self.open = False
 
     # asyncio.Protocol
@@ -193,6 +197,15 @@ class _Conn(asyncio.Protocol):
             self._drop("connection reset" if self.gen.running else "unfinished at the end")
 
     # httptools callbacks
+    def on_headers_complete(self) -> None:
+        # the run's first error answer keeps its body (up to ERROR_BODY_BYTES), to say why
+        if self.gen.first_error_body is None and self.parser.get_status_code() >= 400:
+            self.body = b""
+
+    def on_body(self, body: bytes) -> None:
+        if self.body is not None and len(self.body) < ERROR_BODY_BYTES:
+            self.body += body[: ERROR_BODY_BYTES - len(self.body)]
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 13 and name.lower() == b"server-timing":
             if self.st is None and len(value) <= self.st_cap:
@@ -223,6 +236,10 @@ class _Conn(asyncio.Protocol):
             return
         gen = self.gen
         parser = self.parser
+        if self.body is not None:
+            if gen.first_error_body is None:
+                gen.first_error_body = f"HTTP {parser.get_status_code()}: " + self.body.decode("utf-8", "replace")
+            self.body = None
         result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None))
         if not parser.should_keep_alive():
             self.open = False
@@ -248,7 +265,7 @@ class _Conn(asyncio.Protocol):
 
     def _drop(self, kind: str) -> None:
         cur, self.cur = self.cur, None
-        self.st = self.more = None
+        self.st = self.more = self.body = None
         self.open = False
         if self.transport is not None:
             self.transport.close()
@@ -278,6 +295,8 @@ class LoadGenerator:
         if not isinstance(max_server_timing_bytes, int) or max_server_timing_bytes < 0:
             raise ConfigError(f"max_server_timing_bytes must be a whole number >= 0, got {max_server_timing_bytes!r}")
         self.max_server_timing_bytes = max_server_timing_bytes
+        #: "HTTP 422: <its body>" for the first answer >= 400 of the run, to say why requests fail
+        self.first_error_body: str | None = None
         self.target = target
         self.requests = requests
         self.timeout_ns = round(timeout_s * 1e9)

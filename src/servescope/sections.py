@@ -116,7 +116,8 @@ class Load(Section):
     """What ``servescope bench`` measured beside the latency statistics.
 
     Combined: ``requests``, ``server_timing`` counts and ``replicas`` are summed, ``generators``
-    and ``generators_lost`` joined, ``first_error`` kept from the first report that has one;
+    and ``generators_lost`` joined, ``first_error`` and ``first_error_body`` kept from the first
+    report that has one;
     ``throughput_rps`` (the runs' windows may overlap or not), ``uncorrected`` and ``generator``
     (percentiles, which are never averaged) are left out, with a note."""
 
@@ -132,6 +133,8 @@ class Load(Section):
     replicas: dict[str, int] = field(default_factory=dict)
     #: the cold first request's error
     first_error: str | None = None
+    #: the run's first answer >= 400 with (the start of) its body: "HTTP 422: {...}"
+    first_error_body: str | None = None
     generators: list[GeneratorRow] = field(default_factory=list)
     #: why each lost generator was lost (the others' results are kept)
     generators_lost: list[str] = field(default_factory=list)
@@ -164,6 +167,7 @@ class Load(Section):
             out.generators_lost.extend(p.generators_lost)
         out.replicas = dict(sorted(out.replicas.items()))
         out.first_error = next((p.first_error for p in have if p.first_error), None)
+        out.first_error_body = next((p.first_error_body for p in have if p.first_error_body), None)
         return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from .report import Report
 
-__all__ = ["saturation", "sweep_summary"]
+__all__ = ["saturation", "sweep_report", "sweep_summary"]
 
 
 def sweep_summary(reports: list[Report]) -> list[dict[str, Any]]:
@@ -24,7 +24,7 @@ def sweep_summary(reports: list[Report]) -> list[dict[str, Any]]:
             {
                 "level": meta.get("concurrency", meta.get("rate")),
                 "mode": "concurrency" if "concurrency" in meta else "rate",
-                "throughput_rps": rep.extra.get("throughput_rps"),
+                "throughput_rps": rep.load.throughput_rps if rep.load is not None else None,
                 "p50_ms": rep.latency.get("p50_ms"),
                 "p95_ms": rep.latency.get("p95_ms"),
                 "p99_ms": rep.latency.get("p99_ms"),
@@ -42,3 +42,16 @@ def saturation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         if t0 and l0 and l1 and t1 < t0 * 1.10 and l1 > l0 * 1.5:
             return prev
     return None
+
+
+def sweep_report(reports: list[Report]) -> Report:
+    """The last level's report, carrying the whole sweep (a row per level, and each level's
+    report without its distributions or samples) when there were several levels."""
+    from .sections import Sweep
+
+    final = reports[-1]
+    if len(reports) > 1:
+        final.sweep = Sweep.from_dict(
+            {"rows": sweep_summary(reports), "levels": [r.to_dict(distributions=False, samples=False) for r in reports]}
+        )
+    return final

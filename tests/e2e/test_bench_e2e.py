@@ -53,7 +53,7 @@ def test_cli_sweep_writes_json_and_html_with_the_same_numbers(test_server, tmp_p
     assert p.returncode == 0, p.stderr
     assert "Throughput vs latency" in p.stdout and "model inference" in p.stdout
     data = json.loads(out.read_text())
-    assert [row["level"] for row in data["sweep"]] == [1, 4]
+    assert [row["level"] for row in data["sweep"]["rows"]] == [1, 4]
     assert data["stages"]["infer"]["count"] == data["latency"]["count"]
     html = page.read_text()
     assert f"{data['latency']['p50_ms']:.2f} ms" in html
@@ -107,9 +107,9 @@ def test_doctor_url_checks_a_running_endpoint_from_outside(test_server, tmp_path
     assert "Concurrency scaling: 1 caller" in p.stdout
     data = json.loads(out.read_text())
     assert data["stages"]["infer"]["count"] == 10  # the server's Server-Timing breakdown
-    assert data["evidence"]["scaling"] > 2  # an async sleep serves 8 callers at once
+    assert data["diagnosis"]["evidence"]["scaling"] > 2  # an async sleep serves 8 callers at once
     assert data["findings"] == []
-    assert "outside the process" in data["not_checked"]["no-batching"]  # said, not silently skipped
+    assert "outside the process" in data["diagnosis"]["not_checked"]["no-batching"]  # said, not silently skipped
 
 
 def test_doctor_url_on_an_endpoint_that_fails_could_not_diagnose(test_server, tmp_path):
@@ -123,7 +123,7 @@ def test_doctor_url_on_an_endpoint_that_fails_could_not_diagnose(test_server, tm
     )  # fmt: skip
     assert p.returncode == 3, p.stdout + p.stderr
     assert "Could not diagnose" in p.stdout and "No problems found" not in p.stdout
-    assert json.loads(out.read_text())["verdict"]["failures"] == {"HTTP 503": 5}
+    assert json.loads(out.read_text())["diagnosis"]["verdict"]["failures"] == {"HTTP 503": 5}
 
 
 def test_doctor_needs_a_target_or_a_url_not_both(tmp_path):
@@ -132,3 +132,18 @@ def test_doctor_needs_a_target_or_a_url_not_both(tmp_path):
     for args in ([], ["x.py:f", "--url", "http://127.0.0.1:9/"]):
         p = subprocess.run([sys.executable, "-m", "servescope", "doctor", *args, "--body", str(payload)], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and "TARGET" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_run_whose_requests_mostly_fail_says_so_first_and_exits_3(test_server, tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "bench", f"{test_server}/reject", "-c", "2", "-n", "40", "--warmup", "0s",
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 3, p.stdout + p.stderr
+    first = p.stdout.strip().splitlines()[0]
+    assert first.startswith("Most requests failed, so this run did not measure the endpoint: concurrency=2: 40 of 40")
+    assert "HTTP 422 x40" in p.stdout and "First error answer: HTTP 422:" in p.stdout and "missing field 'text'" in p.stdout
+    assert "sent no Server-Timing" not in p.stdout  # its error answers carry the header: no false hint
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["load"]["first_error_body"].startswith("HTTP 422: {")

@@ -23,7 +23,7 @@ def test_demo_diagnoses_fixes_and_compares(tmp_path):
     assert {"cold-start", "event-loop-blocked", "no-batching"} <= {f["id"] for f in doctor["findings"]}
     before = json.loads((out / "before.json").read_text())
     after = json.loads((out / "after.json").read_text())
-    assert after["throughput_rps"] > before["throughput_rps"]  # batching under the same load
+    assert after["load"]["throughput_rps"] > before["load"]["throughput_rps"]  # batching under the same load
     assert "infer" in before["stages"] and "queue" in after["stages"]
     page = (out / "report.html").read_text()
     assert "Before / after" in page and "<svg" in page

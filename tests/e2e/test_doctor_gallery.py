@@ -75,7 +75,7 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
     for f in report["findings"]:
         assert f["fix"] and f["evidence"] and f["title"]
     assert "Baseline p50 latency" in p.stdout
-    assert report["evidence"]["seconds"] < 60  # under a minute on 2 cores
+    assert report["diagnosis"]["evidence"]["seconds"] < 60  # under a minute on 2 cores
 
 
 def test_the_fix_names_the_hot_spot_it_follows(tmp_path):

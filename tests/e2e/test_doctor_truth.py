@@ -42,21 +42,21 @@ def test_an_app_without_the_route_is_not_called_healthy_and_gets_the_right_path(
     assert p.returncode == 3, p.stdout + p.stderr
     assert "No problems found" not in p.stdout
     assert "Could not diagnose" in p.stdout and "--path /search" in p.stdout.replace("\n", " ")
-    assert "POST /search" in rep["verdict"]["routes"] and "try --path /search" in rep["verdict"]["hint"]
-    assert rep["verdict"]["diagnosed"] is False and rep["verdict"]["failures"]["HTTP 404"] >= 5
+    assert "POST /search" in rep["diagnosis"]["verdict"]["routes"] and "try --path /search" in rep["diagnosis"]["verdict"]["hint"]
+    assert rep["diagnosis"]["verdict"]["diagnosed"] is False and rep["diagnosis"]["verdict"]["failures"]["HTTP 404"] >= 5
     assert rep["findings"] == []
 
 
 def test_a_payload_the_endpoint_rejects_is_not_called_healthy(tmp_path):
     p, rep, _ = doctor("apps.py:strict", tmp_path)
     assert p.returncode == 3 and "Could not diagnose" in p.stdout
-    assert "HTTP 422" in rep["verdict"]["failures"] and "--body" in rep["verdict"]["hint"]
+    assert "HTTP 422" in rep["diagnosis"]["verdict"]["failures"] and "--body" in rep["diagnosis"]["verdict"]["hint"]
 
 
 @pytest.mark.parametrize("target", ["apps.py:never", "hostile.py:hangs"])
 def test_an_endpoint_that_never_answers_ends_within_the_bound(tmp_path, target):
     p, rep, took = doctor(target, tmp_path, "--timeout", "2")
-    assert p.returncode == 3 and "timeout" in rep["verdict"]["reason"]
+    assert p.returncode == 3 and "timeout" in rep["diagnosis"]["verdict"]["reason"]
     assert took < 2 * 5 + 10 + 5  # --timeout x phases + margin, plus the interpreter's start
 
 
@@ -71,7 +71,7 @@ def test_an_endpoint_that_never_answers_ends_within_the_bound(tmp_path, target):
 def test_an_endpoint_that_ends_its_process_is_its_failure_not_a_silent_exit(tmp_path, target, says):
     p, rep, _ = doctor(target, tmp_path)
     assert p.returncode == 3, p.stdout + p.stderr
-    assert says in rep["verdict"]["reason"] or says in json.dumps(rep["verdict"]["failures"])
+    assert says in rep["diagnosis"]["verdict"]["reason"] or says in json.dumps(rep["diagnosis"]["verdict"]["failures"])
     assert "Could not diagnose" in p.stdout
 
 
@@ -98,7 +98,7 @@ def test_requests_abandoned_mid_forward_are_timeouts_not_a_clean_bill(tmp_path):
     # each request outlives --timeout: torch is still computing when the doctor ends
     p, rep, took = doctor("hostile.py:slow_torch", tmp_path, "--concurrency", "2", "--timeout", "1")
     assert p.returncode == 3 and "No problems found" not in p.stdout, p.stdout
-    assert "timeout" in rep["verdict"]["failures"] and "terminate called" not in p.stderr
+    assert "timeout" in rep["diagnosis"]["verdict"]["failures"] and "terminate called" not in p.stderr
     assert took < 1 * 5 + 10 + 5
 
 
@@ -138,5 +138,5 @@ def test_a_def_endpoint_with_pure_python_work_is_gil_bound_not_loop_blocked(tmp_
     assert p.returncode == 0, p.stdout + p.stderr
     found = {f["id"]: f for f in rep["findings"]}
     assert "event-loop-blocked" not in found, found.get("event-loop-blocked")
-    assert "gil-contention" in found, (rep["evidence"]["concurrent"], list(found))
+    assert "gil-contention" in found, (rep["diagnosis"]["evidence"]["concurrent"], list(found))
     assert "apps.py" in found["gil-contention"]["evidence"]["hot_spot"]

@@ -69,10 +69,10 @@ def test_bench_from_two_generators_merges_and_sees_both_replicas(ray_app, tmp_pa
     rep = json.loads(out.read_text())
     ok = rep["latency"]["count"]
     assert ok > 20 and not rep["errors"]
-    gens = rep["generators"]
+    gens = rep["load"]["generators"]
     assert len(gens) == 2 and all(g["requests"] > 0 for g in gens)
     # every measured answer named its replica; both replicas served
-    replicas = rep["replicas"]
+    replicas = rep["load"]["replicas"]
     assert len(replicas) == 2 and sum(replicas.values()) == ok
     # the gap beyond the replica's total is named as Ray's proxy hop, and the stages add up
     assert PROXY in rep["stages"] and "infer" in rep["stages"]

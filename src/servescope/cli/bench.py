@@ -11,6 +11,9 @@ from .common import duration, int_list, positive_int, rate_list
 
 NAME = "bench"
 HELP = "load-test an HTTP endpoint; per-stage latency from its Server-Timing"
+EPILOG = "exit status: 0 measured, 2 bad arguments or an endpoint out of reach, 3 most requests of a level failed (or none completed): the run did not measure the endpoint"
+#: Most requests of a level failed, or no level completed.
+EXIT_NOT_MEASURED = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from ..bench import BenchOptions, run_bench, sweep_summary
+    from rich.text import Text
+
+    from ..bench import BenchOptions, failed_levels, run_bench
+    from ..sweep import sweep_report, sweep_summary
     from ..exceptions import ConfigError
     from ..payload import content_type_of, read_body
     from ..renderers.progress import BenchProgress
@@ -71,15 +77,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
             reports = run_bench(options, on_tick=progress.tick)
     if not reports:
         out.print("No load level completed.")
-        return 1
-    final = reports[-1]
+        return EXIT_NOT_MEASURED
+    failed = failed_levels(reports)
+    if failed:  # said first: the figures below are of error answers, not of the endpoint
+        out.print(Text(f"Most requests failed, so this run did not measure the endpoint: {failed}", style="bold red"))
     rows = sweep_summary(reports)
+    final = sweep_report(reports)
     if len(reports) > 1:
         render_sweep(rows, console=out)
-        final.extra["sweep"] = rows
-        final.extra["levels"] = [r.to_dict(distributions=False, samples=False) for r in reports]
     render_terminal(final, console=out)
     if final.meta.get("interrupted"):
         out.print("[yellow]Interrupted: the report covers what ran.[/]")
     common.write_outputs(final, args, out, sweep=rows)
-    return 0
+    return EXIT_NOT_MEASURED if failed else 0
