@@ -78,10 +78,10 @@ def main() -> None:
                 report = os.path.join(tmp, "r.json")
                 cpu, _ = run([sys.executable, "-m", "servescope", "bench", url, "-c", "16", "-d", f"{args.seconds:g}", "--warmup", "0", "--json", report])
                 data = json.loads(Path(report).read_text())
-                n = data["requests"]["measured"] + data["requests"]["warmup"] + 1
-                rows.setdefault("servescope bench -c 16 (whole process: startup, report)", []).append((cpu / n * 1e6, data["throughput_rps"]))
+                n = data["load"]["requests"]["measured"] + data["load"]["requests"]["warmup"] + 1
+                rows.setdefault("servescope bench -c 16 (whole process: startup, report)", []).append((cpu / n * 1e6, data["load"]["throughput_rps"]))
                 rows.setdefault("servescope bench -c 16 (load loop, self-reported)", []).append(
-                    (data["generator"]["cpu_us_per_request"], data["throughput_rps"])
+                    (data["load"]["generator"]["cpu_us_per_request"], data["load"]["throughput_rps"])
                 )
             time.sleep(0.5)
     finally:

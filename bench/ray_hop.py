@@ -62,7 +62,7 @@ def main() -> None:
             for c in (1, 8):
                 rep = bench(url, c, args.seconds)
                 gap = rep["stages"].get("proxy+network") or rep["stages"].get("network+client") or {}
-                rows.append((name, c, rep["throughput_rps"], rep["latency"]["p50_ms"], rep["latency"]["p99_ms"], gap.get("p50_ms"), rep["stages"].get("receive", {}).get("p50_ms")))
+                rows.append((name, c, rep["load"]["throughput_rps"], rep["latency"]["p50_ms"], rep["latency"]["p99_ms"], gap.get("p50_ms"), rep["stages"].get("receive", {}).get("p50_ms")))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
