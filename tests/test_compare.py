@@ -52,7 +52,7 @@ def test_the_table_renders():
     console = Console(record=True, width=120)
     render_compare(compare(report(10.0, seed=1), report(5.0, seed=2)), console=console)
     text = console.export_text()
-    assert "Before / after" in text and "faster" in text and "model inference" in text
+    assert "Before / after: infer 10.0 vs infer 5.0" in text and "faster" in text and "model inference" in text
 
 
 def test_stage_names_from_the_reports_print_as_plain_text():
@@ -79,7 +79,8 @@ def test_a_comparison_is_a_value_with_its_reports_and_the_old_dict_form():
     old = table.to_dict()  # what compare() returned before: plain data
     assert old["before"] == "infer 10.0" and old["after"] == "infer 5.0"
     assert old["summary"][0] == {"metric": "p50 latency ms", "before": table.summary[0].before, "after": table.summary[0].after,
-                                 "ratio": table.summary[0].ratio, "significant": True, "better": True}
+                                 "ratio": table.summary[0].ratio, "significant": True, "better": True,
+                                 "low": table.summary[0].low, "high": table.summary[0].high, "higher_is_better": False}
     with pytest.warns(DeprecationWarning, match=r"comparison\.summary"):
         assert table["summary"] == old["summary"]  # scripts that read it as a dict keep working, warned
 
@@ -93,7 +94,7 @@ def test_the_comparison_renderers_share_one_shape_and_the_wrappers_match_them():
     before, after = report(10.0, seed=1), report(5.0, seed=2)
     table = compare(before, after)
     text = ComparisonRenderer(before="FastAPI", after="serve").render(table)  # no console: text only
-    assert "FastAPI" in text and "model inference (mean ms)" in text and "2.0x faster" in text
+    assert "FastAPI" in text and "model inference (mean ms)" in text and "1.83x faster" in text
     console = Console(file=io.StringIO(), width=110)
     render_compare(table, console=console, before="FastAPI", after="serve")
     assert console.file.getvalue() == text
@@ -103,3 +104,59 @@ def test_the_comparison_renderers_share_one_shape_and_the_wrappers_match_them():
     assert page.count("<h2>infer 10.0</h2>") == 1 and page.count("<h2>infer 5.0</h2>") == 1
     doctor = report(10.0)
     assert "servescope doctor on the slow service" in ComparisonHTMLRenderer(doctor=doctor).render(table)
+
+
+
+# -- honest: noise from the runs' own variation over time, not from correlated samples ---------
+
+
+def drifting(median_ms: float, seconds: int, seed: int, per_second: int = 200, drift: float = 0.08):
+    """A run of a server whose speed wanders from second to second (a shared machine): within a
+    second requests share the machine's state, so they are not independent observations."""
+    rng = np.random.default_rng(seed)
+    rec = Recorder()
+    for _ in range(seconds):
+        level = median_ms * float(np.exp(rng.normal(0, drift)))
+        for v in level * np.exp(rng.normal(0, 0.25, per_second)):
+            rec.record_durations({"infer": float(v)}, float(v))
+    return rec.report(target="http://127.0.0.1:8000/predict")
+
+
+def test_the_same_server_twice_is_within_noise_and_20_percent_slower_is_slower():
+    """What #16 asks: 9 of 10 reruns of an unchanged server within noise, 9 of 10 runs of a server
+    made 20% slower called slower. Ten-second runs whose speed wanders ~8% from second to second
+    (as runs on this shared 2-core machine do): 2,000 requests each, which a rank test on the
+    samples calls "different" most of the time."""
+    same = [compare(drifting(10.0, 10, 2 * i), drifting(10.0, 10, 2 * i + 1)).summary[0] for i in range(10)]
+    slower = [compare(drifting(10.0, 10, 100 + 2 * i), drifting(12.0, 10, 101 + 2 * i)).summary[0] for i in range(10)]
+    assert sum(c.significant is False for c in same) >= 9, [c.interval_words for c in same]
+    assert sum(c.significant is True and c.better is False for c in slower) >= 9, [c.interval_words for c in slower]
+    z = [abs(rank_sum_z(compare.__globals__["_values"](drifting(10.0, 10, 2 * i).distributions["total"]),
+                        compare.__globals__["_values"](drifting(10.0, 10, 2 * i + 1).distributions["total"]))) for i in range(10)]
+    assert sum(v > 3 for v in z) >= 3  # the old test, on the same runs: "beyond noise" for no change
+
+
+def test_ratios_print_in_words_with_three_figures_and_never_round_onto_a_grid():
+    from servescope.compare import _ratio_words
+
+    assert _ratio_words(1 / 130.7, False) == "131x faster" and _ratio_words(1 / 127.9, False) == "128x faster"
+    assert _ratio_words(2.59, False) == "2.59x slower" and _ratio_words(1.04, False) == "4.0% slower"
+    assert _ratio_words(1 / 2500, False) == "2500x faster"  # not "gone"
+    assert _ratio_words(0.0, False) == "gone" and _ratio_words(1.9, True) == "1.90x more"
+    change = compare(drifting(10.0, 10, 1), drifting(5.0, 10, 2)).summary[0]
+    assert change.words.endswith("x faster") and change.interval_words.endswith("x faster") and "-" in change.interval_words
+
+
+def test_too_short_a_run_cannot_tell_and_says_so():
+    change = compare(report(10.0, n=300, seed=1), report(5.0, n=300, seed=2)).summary
+    assert change[0].significant is True  # 300 requests: ten blocks of 30 for the median
+    p99 = change[2]  # but a p99 needs 200 a block, five blocks at least
+    assert p99.metric == "p99 latency ms" and p99.significant is None and p99.interval_words == "-"
+    assert compare(report(10.0, n=100, seed=1), report(5.0, n=100, seed=2)).summary[0].significant is None
+
+
+def test_fail_if_slower_names_the_figures_beyond_noise_and_over_the_threshold():
+    slower = compare(drifting(10.0, 10, 3), drifting(13.0, 10, 4))
+    assert {c.metric for c in slower.slower_than(0.10)} >= {"p50 latency ms", "mean latency ms"}
+    assert slower.slower_than(0.5) == []
+    assert compare(drifting(10.0, 10, 5), drifting(10.0, 10, 6)).slower_than(0.10) == []  # an unchanged server

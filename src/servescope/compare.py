@@ -2,11 +2,22 @@
 
     comparison = compare(Report.load("before.json"), Report.load("after.json"))
     p50 = comparison.summary[0]          # Change(metric="p50 latency ms", before=..., after=..., ...)
+    print(p50.words, p50.interval_words) # "1.84x faster", "1.71x-1.97x faster"
     print(ComparisonRenderer().render(comparison))
 
-Each ``Change`` has the figure before and after, the ratio, and ``significant``: a
-Mann-Whitney rank-sum test on the two runs' samples (|z| > 3, about p < 0.003), when both
-reports kept their samples; ``None`` when they did not (a sketch or a hand-made report).
+Whether a change beats the noise is decided from how much the figure moves *within* each run
+over time, not from the per-request samples: requests a few milliseconds apart share the
+machine's state, so tens of thousands of them are not tens of thousands of independent
+observations (a rank test on them calls two runs of the same server "different"). Each run's
+requests, in the order they completed, are cut into consecutive time blocks (at most 20, each
+big enough for the figure: 30 requests for a median or mean, 60 for p95, 200 for p99); the
+spread of the figure across blocks gives its standard error (batch means), and the change's
+95% interval is the ratio after/before with both runs' errors, on a log scale, with Welch's
+degrees of freedom. Runs also differ from each other by more than their blocks do (the same
+server benched twice, two minutes apart, moved its p50 by 0.1-1.4% in five pairs here), so
+"beyond noise" is the interval clearing a band of +-``NOISE_FLOOR`` (3%) around no change,
+not only excluding it. Too few requests for the blocks, or a report without its samples: the
+interval is unknown, never invented.
 """
 
 from __future__ import annotations
@@ -15,18 +26,33 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .report import Report
 from .stats import Distribution
 
-__all__ = ["Change", "Comparison", "compare", "rank_sum_z"]
+__all__ = ["Change", "Comparison", "compare", "ratio_interval", "rank_sum_z"]
+
+#: At most this many time blocks per run, and at least this many to estimate a spread.
+MAX_BLOCKS, MIN_BLOCKS = 20, 5
+#: Run-to-run drift of an unchanged server, beyond what a run's own blocks show: a change is
+#: beyond noise only when its whole 95% interval is further from no change than this.
+NOISE_FLOOR = 0.03
+#: Requests per block each figure needs to be read in a block at all.
+BLOCK_SIZE = {"p50": 30, "mean": 30, "p95": 60, "p99": 200}
+_STAT: dict[str, Callable[[np.ndarray], float]] = {
+    "p50": lambda v: float(np.percentile(v, 50)),
+    "p95": lambda v: float(np.percentile(v, 95)),
+    "p99": lambda v: float(np.percentile(v, 99)),
+    "mean": lambda v: float(np.mean(v)),
+}
 
 
 def rank_sum_z(a: np.ndarray, b: np.ndarray) -> float:
-    """The Mann-Whitney U statistic's z-score (normal approximation, mid-ranks for ties)."""
+    """The Mann-Whitney U statistic's z-score (normal approximation, mid-ranks for ties).
+    Kept for callers; ``compare`` no longer uses it (see the module's docstring)."""
     n1, n2 = len(a), len(b)
     if n1 < 2 or n2 < 2:
         return math.nan
@@ -34,7 +60,6 @@ def rank_sum_z(a: np.ndarray, b: np.ndarray) -> float:
     order = both.argsort(kind="mergesort")
     ranks = np.empty(len(both))
     ranks[order] = np.arange(1, len(both) + 1)
-    # mid-ranks for ties
     sorted_vals = both[order]
     _, start, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
     for s, c in zip(start, counts):
@@ -46,18 +71,61 @@ def rank_sum_z(a: np.ndarray, b: np.ndarray) -> float:
     return (u - mean) / sd if sd else math.nan
 
 
-def _significant(a: Distribution | None, b: Distribution | None) -> bool | None:
-    if a is None or b is None or not a.exact or not b.exact:
+def _t95(df: float) -> float:
+    """Student's t for a two-sided 95% interval (Cornish-Fisher expansion: within 0.5% from
+    4 degrees of freedom, which the block counts guarantee)."""
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def _block_spread(values: np.ndarray, figure: str) -> tuple[float, int] | None:
+    """The variance of the figure's log over the run (batch means) and the block count."""
+    blocks = min(MAX_BLOCKS, len(values) // BLOCK_SIZE[figure])
+    if blocks < MIN_BLOCKS:
         return None
-    z = rank_sum_z(a.values(), b.values())
-    return None if math.isnan(z) else bool(abs(z) > 3)
+    stat = _STAT[figure]
+    per_block = np.array([stat(b) for b in np.array_split(values, blocks)])
+    if (per_block <= 0).any():
+        return None
+    return float(np.var(np.log(per_block), ddof=1)) / blocks, blocks
+
+
+def ratio_interval(before: np.ndarray, after: np.ndarray, figure: str) -> tuple[float, float] | None:
+    """The 95% interval of the figure's ratio after / before, as factors around the ratio
+    (``(low, high)``, to multiply it by), from the spread of the figure across each run's
+    time blocks; None when a run is too short to tell."""
+    sb, sa = _block_spread(before, figure), _block_spread(after, figure)
+    if sb is None or sa is None:
+        return None
+    (vb, nb), (va, na) = sb, sa
+    se = math.sqrt(vb + va)
+    denominator = vb**2 / (nb - 1) + va**2 / (na - 1)
+    df = (vb + va) ** 2 / denominator if denominator > 0 else float(nb + na - 2)
+    half = _t95(max(df, 4.0)) * se
+    return math.exp(-half), math.exp(half)
+
+
+def _ratio_words(r: float, higher_is_better: bool) -> str:
+    """A ratio after / before in words: "1.84x faster", "4.2% slower", "2.5x more"."""
+    if r == 1:
+        return "no change"
+    if higher_is_better:
+        word, k = ("more", r) if r > 1 else ("less", 1 / r if r else math.inf)
+    else:
+        word, k = ("slower", r) if r > 1 else ("faster", 1 / r if r else math.inf)
+    if k == math.inf:
+        return "none left" if higher_is_better else "gone"
+    if k < 1.1:
+        return f"{(k - 1) * 100:.1f}% {word}"
+    return f"{k:.0f}x {word}" if k >= 100 else f"{k:.1f}x {word}" if k >= 10 else f"{k:.2f}x {word}"  # 3 figures
 
 
 @dataclass(frozen=True)
 class Change:
-    """One figure before and after: ``ratio`` is after / before (None without both);
-    ``significant`` whether the change beats the noise (None: no samples to tell);
-    ``better`` True or False only for a significant change."""
+    """One figure before and after: ``ratio`` is after / before (None without both), ``low``
+    and ``high`` its 95% interval (None when it cannot be told); ``significant`` whether the
+    interval clears the run-to-run band, ``NOISE_FLOOR`` (None: cannot tell); ``better`` True
+    or False only for a significant change."""
 
     metric: str
     before: float | None
@@ -65,6 +133,29 @@ class Change:
     ratio: float | None
     significant: bool | None
     better: bool | None
+    low: float | None = None
+    high: float | None = None
+    higher_is_better: bool = False
+
+    @property
+    def words(self) -> str:
+        """The change in words: "1.84x faster", "4.2% slower", "2.5x more" (throughput)."""
+        return "-" if self.ratio is None else _ratio_words(self.ratio, self.higher_is_better)
+
+    @property
+    def interval_words(self) -> str:
+        """The 95% interval in words: "1.71x-1.97x faster", "3.1% faster to 2.0% slower"; "-"
+        when it cannot be told."""
+        if self.low is None or self.high is None:
+            return "-"
+        ends = [_ratio_words(r, self.higher_is_better) for r in (self.low, self.high)]
+        if ends[0] == ends[1]:
+            return ends[0]
+        (a, word_a), (b, word_b) = (e.split(" ", 1) for e in ends)
+        if word_a == word_b and a[-1] == b[-1] and a[-1] in "x%":  # "1.71x-1.97x faster"
+            lo, hi = sorted((a, b), key=lambda x: float(x[:-1]))
+            return f"{lo}-{hi} {word_a}"
+        return f"{ends[0]} to {ends[1]}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +177,20 @@ class Comparison:
             "after": self.after.meta.get("title"),
         }
 
+    @property
+    def title(self) -> str:
+        """What was compared, from the reports' own targets (or titles)."""
+        names = [str(r.meta.get("target") or r.meta.get("title") or "a report") for r in (self.before, self.after)]
+        return f"{names[0]}: before and after" if names[0] == names[1] else f"{names[0]} vs {names[1]}"
+
+    def slower_than(self, share: float) -> list[Change]:
+        """The latency figures slower by more than ``share`` (0.1: 10%) and beyond noise: what
+        ``servescope compare --fail-if-slower 10%`` fails on."""
+        return [
+            c for c in self.summary
+            if not c.higher_is_better and c.significant and c.ratio is not None and c.ratio > 1 + share
+        ]  # fmt: skip
+
     def __getitem__(self, key: str) -> Any:
         warnings.warn(
             f"compare() returns a Comparison, not a dict: use comparison.{key} (or .to_dict()[{key!r}])",
@@ -95,20 +200,36 @@ class Comparison:
         return self.to_dict()[key]
 
 
-def _row(name: str, before: Any, after: Any, significant: bool | None, *, higher_is_better: bool = False) -> Change:
+def _row(name: str, before: Any, after: Any, spread: tuple[float, float] | None, *, higher_is_better: bool = False) -> Change:
     ratio = after / before if before and after is not None else None
-    better = None
-    if ratio is not None and significant:
-        better = ratio > 1 if higher_is_better else ratio < 1
-    return Change(name, before, after, None if ratio is None else round(ratio, 3), significant, better)
+    low = high = significant = better = None
+    if spread is not None and ratio is not None:
+        low, high = ratio * spread[0], ratio * spread[1]
+        significant = low > 1 + NOISE_FLOOR or high < 1 / (1 + NOISE_FLOOR)
+        if significant:
+            better = ratio > 1 if higher_is_better else ratio < 1
+    return Change(name, before, after, ratio, significant, better, low, high, higher_is_better)
+
+
+def _values(d: Distribution | None) -> np.ndarray | None:
+    return d.values() if d is not None and d.exact and len(d) else None
+
+
+def _interval(before: Distribution | None, after: Distribution | None, figure: str) -> tuple[float, float] | None:
+    vb, va = _values(before), _values(after)
+    return ratio_interval(vb, va, figure) if vb is not None and va is not None else None
 
 
 def compare(before: Report, after: Report) -> Comparison:
-    """End-to-end latency, throughput and each stage's mean, before and after."""
+    """End-to-end latency, throughput and each stage's mean, before and after, each change
+    with its 95% interval from the runs' own variation over time."""
     tb, ta = before.distributions.get("total"), after.distributions.get("total")
-    sig = _significant(tb, ta)
-    rows = [_row(f"{k} latency ms", before.latency.get(f"{k}_ms"), after.latency.get(f"{k}_ms"), sig) for k in ("p50", "p95", "p99", "mean")]
-    tput_b, tput_a = before.extra.get("throughput_rps"), after.extra.get("throughput_rps")
+    rows = [
+        _row(f"{k} latency ms", before.latency.get(f"{k}_ms"), after.latency.get(f"{k}_ms"), _interval(tb, ta, k))
+        for k in ("p50", "p95", "p99", "mean")
+    ]
+    tput_b = before.load.throughput_rps if before.load is not None else None
+    tput_a = after.load.throughput_rps if after.load is not None else None
     if tput_b is not None or tput_a is not None:
         rows.append(_row("throughput req/s", tput_b, tput_a, None, higher_is_better=True))
     sb, sa = before.stage_distributions(), after.stage_distributions()
@@ -116,5 +237,5 @@ def compare(before: Report, after: Report) -> Comparison:
     for name in dict.fromkeys([*before.stages, *after.stages]):
         mb = (before.stages.get(name) or {}).get("mean_ms")
         ma = (after.stages.get(name) or {}).get("mean_ms")
-        stages.append(_row(name, mb, ma, _significant(sb.get(name), sa.get(name))))
+        stages.append(_row(name, mb, ma, _interval(sb.get(name), sa.get(name), "mean")))
     return Comparison(before, after, tuple(rows), tuple(stages))

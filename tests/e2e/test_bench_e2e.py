@@ -147,3 +147,25 @@ def test_a_run_whose_requests_mostly_fail_says_so_first_and_exits_3(test_server,
     assert "sent no Server-Timing" not in p.stdout  # its error answers carry the header: no false hint
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["load"]["first_error_body"].startswith("HTTP 422: {")
+
+
+def test_compare_calls_a_rerun_within_noise_and_a_slower_server_slower(test_server, tmp_path):
+    slow, port = start_server("servers:app", env={"SERVESCOPE_TEST_DELAY": "0.024"})  # 20% slower
+    try:
+        runs = {}
+        for name, url in (("a", f"{test_server}/delay"), ("b", f"{test_server}/delay"), ("slow", f"http://127.0.0.1:{port}/delay")):
+            runs[name] = tmp_path / f"{name}.json"
+            subprocess.run([sys.executable, "-m", "servescope", "bench", url, "-c", "4", "-d", "3s", "--warmup", "0.5s",
+                            "--json", str(runs[name])], capture_output=True, timeout=60, check=True)  # fmt: skip
+    finally:
+        stop(slow)
+
+    def compare(a, b):
+        p = subprocess.run([sys.executable, "-m", "servescope", "compare", str(runs[a]), str(runs[b]), "--fail-if-slower", "10%"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        return p.returncode, " ".join(next(line for line in p.stdout.splitlines() if "p50 latency" in line).split())
+
+    code, same = compare("a", "b")
+    assert code == 0 and same.endswith("│ no"), same
+    code, slower = compare("b", "slow")
+    assert code == 1 and "x slower" in slower and slower.endswith("│ yes"), slower

@@ -21,15 +21,6 @@ def _fmt(x: Any) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 0.1 else f"{x:.3f}"
 
 
-def _change(row: Change) -> str:
-    r = row.ratio
-    if r is None:
-        return "-"
-    if r == 0:
-        return "gone"
-    return f"{1 / r:.1f}x faster" if r < 1 and "throughput" not in row.metric else f"x{r:.2f}"
-
-
 class ComparisonRenderer:
     """The before/after table of a ``Comparison``, its columns headed ``before`` and ``after``;
     printed to ``console`` when one is given, and returned as plain text.
@@ -47,16 +38,16 @@ class ComparisonRenderer:
         return f"ComparisonRenderer(console={self.console!r}, before={self.before!r}, after={self.after!r}, width={self.width})"
 
     def render(self, comparison: Comparison) -> str:
-        t = Table(title="Before / after", header_style="bold", show_edge=False)
-        for col in ("", self.before, self.after, "change", "beyond noise?"):
+        t = Table(title=Text(f"Before / after: {plain(comparison.title, one_line=True)}"), header_style="bold", show_edge=False)
+        for col in ("", self.before, self.after, "change", "95% interval", "beyond noise?"):
             t.add_column(col, justify="right" if col else "left")
         for row in comparison.summary:
-            t.add_row(row.metric, _fmt(row.before), _fmt(row.after), _change(row), _sig(row))
+            t.add_row(row.metric, _fmt(row.before), _fmt(row.after), row.words, row.interval_words, _sig(row))
         t.add_section()
         stages = comparison.stages
         for row in stages[:MAX_STAGES_SHOWN]:  # names from the reports: plain text, never markup
             name = Text(f"{plain(stage_label(row.metric), one_line=True)} (mean ms)")
-            t.add_row(name, _fmt(row.before), _fmt(row.after), _change(row), _sig(row))
+            t.add_row(name, _fmt(row.before), _fmt(row.after), row.words, row.interval_words, _sig(row))
         parts: list[Any] = [t]
         if len(stages) > MAX_STAGES_SHOWN:
             parts.append(Text(f"{len(stages) - MAX_STAGES_SHOWN:,} more stages not shown", style="yellow"))
@@ -70,4 +61,4 @@ def render_compare(table: Comparison, *, console: Console, before: str = "before
 
 def _sig(row: Change) -> str:
     s = row.significant
-    return "n/a" if s is None else ("yes" if s else "no")
+    return "can't tell" if s is None else ("yes" if s else "no")

@@ -280,14 +280,14 @@ def _page(report: Report, sweep: list[dict[str, Any]] | None) -> str:
 
 
 def _comparison_page(comparison: Comparison, doctor: Report | None) -> str:
-    rows = ["<table><tr><th></th><th>before</th><th>after</th><th>ratio</th><th>beyond noise?</th></tr>"]
+    rows = ["<table><tr><th></th><th>before</th><th>after</th><th>change</th><th>95% interval</th><th>beyond noise?</th></tr>"]
     labelled = [(row.metric, row) for row in comparison.summary]
     labelled += [(stage_label(row.metric) + " (mean ms)", row) for row in comparison.stages]
     for label, row in labelled:
-        sig = "n/a" if row.significant is None else ("yes" if row.significant else "no")
+        sig = "can't tell" if row.significant is None else ("yes" if row.significant else "no")
         rows.append(
             f"<tr><td>{html.escape(label)}</td><td>{_f(row.before)}</td><td>{_f(row.after)}</td>"
-            f"<td>{_f(row.ratio, 3)}</td><td>{sig}</td></tr>"
+            f"<td>{html.escape(row.words)}</td><td>{html.escape(row.interval_words)}</td><td>{sig}</td></tr>"
         )
     rows.append("</table>")
     both = []
@@ -296,5 +296,6 @@ def _comparison_page(comparison: Comparison, doctor: Report | None) -> str:
     diag = ""
     if doctor is not None:
         diag = "<h2>servescope doctor on the slow service</h2>" + _headline(doctor) + _stage_table(doctor) + _findings(doctor)
-    body = "<h1>servescope demo: before and after</h1><h2>Before / after (same load)</h2>" + "".join(rows) + diag + "".join(both)
-    return f"<!doctype html><html><head><meta charset=utf-8><title>servescope demo</title><style>{_CSS}</style></head><body>{body}</body></html>\n"
+    title = html.escape("servescope demo: before and after" if doctor is not None else comparison.title)
+    body = f"<h1>{title}</h1><h2>Before / after</h2>" + "".join(rows) + diag + "".join(both)
+    return f"<!doctype html><html><head><meta charset=utf-8><title>{title}</title><style>{_CSS}</style></head><body>{body}</body></html>\n"
