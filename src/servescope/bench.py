@@ -191,6 +191,9 @@ def results_report(
             too_large=too_large,
             hint=None
             if with_timing
+            else f"every Server-Timing header the server sent was malformed or too large ({bad_timing} set aside), so only "
+            "end-to-end figures are shown"
+            if bad_timing
             else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "
             "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
         ),
