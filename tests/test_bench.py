@@ -7,7 +7,7 @@ import pytest
 
 from servescope.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_duration, results_report
 from servescope.exceptions import ConfigError, EndpointError
-from servescope.loadgen import Result, Target, build_requests, schedule
+from servescope.loadgen import Result, URL, build_requests, schedule
 from servescope.renderers.html import render_html
 from servescope.sweep import saturation
 
@@ -113,7 +113,7 @@ def test_errors_are_counted_by_kind_and_kept_apart():
 
 
 def test_requests_are_http_1_1_with_keep_alive_and_a_length():
-    target = Target.parse("http://127.0.0.1:8000/predict?x=1")
+    target = URL.parse("http://127.0.0.1:8000/predict?x=1")
     reqs = build_requests(target, method="POST", bodies=[b'{"a":1}', b"{}"], headers=[("X-Key", "k")], content_type="application/json")
     assert len(reqs) == 2
     head, body = reqs[0].split(b"\r\n\r\n")
@@ -212,7 +212,7 @@ def feed(data: bytes, **kw) -> tuple:
     """One response through the generator's connection, as the network would deliver it."""
     from servescope.loadgen import LoadGenerator, _Conn
 
-    gen = LoadGenerator(Target.parse("http://127.0.0.1:1/"), [b"x"], **kw)
+    gen = LoadGenerator(URL.parse("http://127.0.0.1:1/"), [b"x"], **kw)
     conn = _Conn(gen)
 
     class Transport:
@@ -266,7 +266,7 @@ def test_a_result_is_a_named_record_that_pickles_and_old_tuples_still_read():
 def test_the_generator_reports_progress_since_what_was_already_shown():
     from servescope.loadgen import LoadGenerator
 
-    gen = LoadGenerator(Target.parse("http://127.0.0.1:1/"), [b"x"])
+    gen = LoadGenerator(URL.parse("http://127.0.0.1:1/"), [b"x"])
     gen.results += [Result(0, 0, 2 * MS, 200, None, None), Result(0, 0, 1 * MS, 0, None, "timeout")]
     assert gen.progress_since(0) == (2, 1, [2.0])
     gen.results.append(Result(0, 0, 4 * MS, 200, None, None))
@@ -284,3 +284,10 @@ def test_an_endpoint_that_cannot_be_reached_is_an_endpoint_error_not_a_bad_setti
     with pytest.raises(EndpointError, match=rf"cannot reach http://127.0.0.1:{port}/predict: connection refused") as exc:
         run_bench(BenchOptions(url=f"http://127.0.0.1:{port}/predict", requests=1))
     assert not isinstance(exc.value, ConfigError)
+
+
+def test_the_old_name_of_url_still_imports_with_a_warning():
+    import servescope.loadgen as loadgen
+
+    with pytest.warns(DeprecationWarning, match="now servescope.loadgen.URL"):
+        assert loadgen.Target is URL

@@ -291,7 +291,7 @@ def test_concurrent_requests_find_their_server_traces_by_id(kind):
     the trace at its index: one that got no answer in time has none, and never takes another's."""
     import threading
 
-    from servescope.doctor.targets.http import ASGITarget, WSGITarget
+    from servescope.doctor.endpoints.http import ASGIEndpoint, WSGIEndpoint
 
     calls = iter(range(1_000))
     lock = threading.Lock()
@@ -311,7 +311,7 @@ def test_concurrent_requests_find_their_server_traces_by_id(kind):
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
             await send({"type": "http.response.body", "body": b"{}"})
 
-        target = ASGITarget(app, "/predict")
+        target = ASGIEndpoint(app, "/predict")
     else:
 
         def app(environ, start_response):
@@ -319,7 +319,7 @@ def test_concurrent_requests_find_their_server_traces_by_id(kind):
             start_response("200 OK", [("Content-Length", "2")])
             return [b"{}"]
 
-        target = WSGITarget(app, "/predict")
+        target = WSGIEndpoint(app, "/predict")
     target.start(10)
     try:
         obs, _ = target.concurrent(b"{}", concurrency=2, requests=8, timeout_s=1.0, max_seconds=10)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .exceptions import ConfigError, EndpointError, ServerTimingError
-from .loadgen import OVERSIZED, LoadGenerator, Result, Target, build_requests, error_kind
+from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, error_kind
 from .recorder import Recorder
 from .report import Report
 from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts
@@ -77,7 +77,7 @@ class BenchOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        self.target = Target.parse(self.url)
+        self.target = URL.parse(self.url)
         self.method = self.method.upper()
         if not re.fullmatch(r"[A-Z]+", self.method):
             raise ConfigError(f"not an HTTP method: {self.method!r}")

@@ -18,8 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from .exceptions import ConfigError, require
-from .doctor.targets import free_port
+from .exceptions import ConfigError, EndpointError, require
+from .doctor.endpoints import free_port
 
 __all__ = ["examples_dir", "run_demo"]
 
@@ -36,7 +36,7 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 120.0, ok: tuple[in
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ConfigError(f"a demo service exited early ({proc.returncode}): {proc.stderr.read().decode(errors='replace')[-400:] if proc.stderr else ''}")
+            raise EndpointError(f"a demo service exited early ({proc.returncode}): {proc.stderr.read().decode(errors='replace')[-400:] if proc.stderr else ''}")
         try:
             if urllib.request.urlopen(url, timeout=2).status in ok:
                 return
@@ -46,7 +46,7 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 120.0, ok: tuple[in
         except OSError:
             pass
         time.sleep(0.2)
-    raise ConfigError(f"a demo service did not come up at {url}")
+    raise EndpointError(f"a demo service did not come up at {url}")
 
 
 class _Services:

@@ -27,7 +27,7 @@ import httptools
 from .exceptions import ConfigError
 
 __all__ = [
-    "MAX_SERVER_TIMING_BYTES", "OVERSIZED", "LoadGenerator", "Result", "Target", "build_requests", "error_kind",
+    "MAX_SERVER_TIMING_BYTES", "OVERSIZED", "LoadGenerator", "Result", "URL", "build_requests", "error_kind",
     "ok_latencies_ms", "schedule",
 ]  # fmt: skip
 
@@ -91,8 +91,8 @@ def ok_latencies_ms(results: list[Result]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where the load goes, parsed from a URL."""
+class URL:
+    """Where the load goes: an endpoint's URL, parsed (``URL.parse("http://127.0.0.1:8000/predict")``)."""
 
     scheme: str
     host: str
@@ -100,7 +100,7 @@ class Target:
     path: str
 
     @classmethod
-    def parse(cls, url: str) -> Target:
+    def parse(cls, url: str) -> URL:
         try:
             parts = urlsplit(url)
             port = parts.port
@@ -124,7 +124,7 @@ class Target:
 
 
 def build_requests(
-    target: Target,
+    target: URL,
     *,
     method: str = "GET",
     bodies: list[bytes] | None = None,
@@ -276,13 +276,13 @@ class _Conn(asyncio.Protocol):
 class LoadGenerator:
     """Sends ``requests`` (cycled) to ``target``; collects one ``Result`` per request.
 
-        gen = LoadGenerator(Target.parse(url), build_requests(...))
+        gen = LoadGenerator(URL.parse(url), build_requests(...))
         results = asyncio.run(gen.closed_loop(concurrency=8, duration_s=10))
     """
 
     def __init__(
         self,
-        target: Target,
+        target: URL,
         requests: list[bytes],
         *,
         timeout_s: float = 30.0,
@@ -526,3 +526,12 @@ def _connect_error(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "connect timeout"
     return f"connect error ({type(exc).__name__})"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Target":  # its name until 0.2: "target" now means what the user names on the command line
+        import warnings
+
+        warnings.warn("servescope.loadgen.Target is now servescope.loadgen.URL", DeprecationWarning, stacklevel=2)
+        return URL
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     import uvicorn
 
     from ..doctor.probes import Probes
-    from ..doctor.targets import is_asgi
+    from ..doctor.endpoints import is_asgi
     from ..loader import load_target
     from ..middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
     from ..serve.limits import HttpLimits

@@ -46,7 +46,7 @@ from .evidence import (
 from .probes import Probes
 from .sampler import StackSampler
 from .inputs import vary
-from .targets import UNFINISHED, Observation, Target, make_target, payload_bytes
+from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, payload_bytes
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
 
@@ -247,11 +247,11 @@ def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: A
 
 
 class _Run:
-    """One doctor run over one target. ``execute()`` fills the fields; ``report()`` builds
+    """One doctor run over one endpoint. ``execute()`` fills the fields; ``report()`` builds
     the Report from them."""
 
-    def __init__(self, target: Target, payload: Any, options: DoctorOptions, tick: Callable[[str, float], None]) -> None:
-        self.target, self.payload, self.options, self.tick = target, payload, options, tick
+    def __init__(self, endpoint: Endpoint, payload: Any, options: DoctorOptions, tick: Callable[[str, float], None]) -> None:
+        self.endpoint, self.payload, self.options, self.tick = endpoint, payload, options, tick
         self.body = payload_bytes(payload)
         self.probes = Probes()
         self.sampler = StackSampler()
@@ -282,7 +282,7 @@ class _Run:
         for i in range(o.requests):
             if i >= MIN_OK_REQUESTS and time.perf_counter() > deadline:
                 break
-            obs = self.target.request(self.body, o.timeout_s)
+            obs = self.endpoint.request(self.body, o.timeout_s)
             out.append(obs)
             self.tick("sequential requests", (i + 1) / o.requests)
             if obs.error and obs.error.startswith("timeout"):
@@ -294,12 +294,12 @@ class _Run:
         self.probes.install()
         try:
             try:
-                self.target.start(o.timeout_s)
+                self.endpoint.start(o.timeout_s)
             except EndpointError as exc:
                 self.start_error = str(exc)
                 return
             self.tick("cold request", 0.0)
-            self.cold = self.target.request(self.body, o.timeout_s)
+            self.cold = self.endpoint.request(self.body, o.timeout_s)
             with self.sampler:
                 self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
                 if any(w.error for w in self.warm):
@@ -313,7 +313,7 @@ class _Run:
             self._batch_probe()
         finally:
             self.probes.remove()
-            self.target.stop()
+            self.endpoint.stop()
 
     def _check_the_probes(self) -> None:
         """Most requests failed under the probes: requests without them tell whose fault it
@@ -324,7 +324,7 @@ class _Run:
         if failed < PROBE_BLAME_SHARE * len(self.warm):
             return
         self.probes.remove()
-        bare = [self.target.request(self.body, self.options.timeout_s) for _ in range(PROBE_BLAME_CHECKS)]
+        bare = [self.endpoint.request(self.body, self.options.timeout_s) for _ in range(PROBE_BLAME_CHECKS)]
         if all(b.error is None for b in bare):
             first = next(w.error for w in self.warm if w.error)
             self.probes_at_fault = (
@@ -349,7 +349,7 @@ class _Run:
         if varied == self.payload:
             self.missing["repeated"] = "the payload has no text or decimal number to vary, so inputs that never change cannot be told apart"
             return
-        obs = self.target.request(payload_bytes(varied), self.options.timeout_s)
+        obs = self.endpoint.request(payload_bytes(varied), self.options.timeout_s)
         if obs.error:
             self.missing["repeated"] = f"a request with the payload varied failed ({obs.error}), so inputs that never change cannot be told apart"
         else:
@@ -370,13 +370,13 @@ class _Run:
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
         cpu0, idle0, t0 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
         try:
-            self.conc, self.conc_elapsed = self.target.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
+            self.conc, self.conc_elapsed = self.endpoint.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
         finally:
             done.set()
         cpu1, idle1, t1 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
         wall_s = (t1 - t0) / 1e9
         self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
-        loop_tid = self.target.loop_thread_id
+        loop_tid = self.endpoint.loop_thread_id
         exclude = {threading.main_thread().ident or 0, loop_tid or 0}
         exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler", "servescope-ticker"))}
         if self.sampler.gil_wait_p50_ms(t0, t1) is None:
@@ -438,7 +438,7 @@ class _Run:
                 v.reason = f"only {len(ok)} warm requests ran; at least {MIN_OK_REQUESTS} are needed"
         statuses = {o.status for o in [self.cold, *self.warm] if o is not None and o.error}
         if statuses & {404, 405}:
-            routes = self.target.routes()
+            routes = self.endpoint.routes()
             v.routes = [f"{' '.join(m) or 'ANY'} {p}" for p, m in routes]
             posts = [p for p, m in routes if "POST" in m and p != self.options.path]
             if any(p == self.options.path and "POST" in m for p, m in routes):
@@ -454,7 +454,7 @@ class _Run:
     def report(self, target_name: str) -> Report:
         o = self.options
         rec = Recorder()
-        is_http = self.target.kind != "function"
+        is_http = self.endpoint.kind != "function"
         for w in self.warm:  # the cold request is reported on its own (first_ms), not in the statistics
             stages = split_other(w.trace, w.evidence) if w.trace is not None else {}
             if w.trace is not None and is_http:  # what the server did not see
@@ -479,7 +479,7 @@ class _Run:
         # from the median: one slow request (a collection, a late warm-up) must not halve it
         seq_rps = 1000 / statistics.median(w.latency_ms for w in ok_warm) if ok_warm else None
 
-        lag = list(self.target.lag_ms)
+        lag = list(self.endpoint.lag_ms)
         torch = self.probes.torch
         concurrent = Concurrent(
             concurrency=o.concurrency,
@@ -503,7 +503,7 @@ class _Run:
         cold = self.cold or Observation(0.0)
         hot = self.sampler.hot_spots(windows)
         evidence = Evidence(
-            target_kind=self.target.kind,
+            target_kind=self.endpoint.kind,
             cold=Cold(
                 latency_ms=round(cold.latency_ms, 3),
                 error=cold.error,
@@ -554,6 +554,6 @@ def diagnose(
     this in a child process (``isolate.py``); call it directly for an endpoint you trust
     to return."""
     options = options or DoctorOptions()
-    run = _Run(make_target(obj, path=options.path), payload, options, progress or (lambda phase, frac: None))
+    run = _Run(make_endpoint(obj, path=options.path), payload, options, progress or (lambda phase, frac: None))
     run.execute()
     return run.report(target_name)

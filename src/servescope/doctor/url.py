@@ -14,7 +14,7 @@ from ..report import Report
 from ..sections import Diagnosis, Load, Verdict
 from .evidence import Cold, Concurrent, Evidence, Warm
 from .run import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
-from .targets import payload_bytes
+from .endpoints import payload_bytes
 
 __all__ = ["diagnose_url"]
 

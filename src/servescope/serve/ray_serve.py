@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from ..cluster import connect, node_name
-from ..exceptions import ConfigError, require
+from ..exceptions import ConfigError, EndpointError, require
 from ..recorder import Recorder
 from ..report import Report
 from .app import ServeApp
@@ -105,10 +105,10 @@ def report(app_name: str = "servescope", *, timeout_s: float = 30.0) -> Report:
     try:
         actor = ray.get_actor(collector_name(app_name), namespace=NAMESPACE)
     except ValueError:
-        raise ConfigError(f"no servescope application {app_name!r} on this Ray cluster") from None
+        raise EndpointError(f"no servescope application {app_name!r} on this Ray cluster") from None
     data = ray.get(actor.report.remote(), timeout=timeout_s)
     if data is None:
-        raise ConfigError(f"application {app_name!r} has served no request yet")
+        raise EndpointError(f"application {app_name!r} has served no request yet")
     return Report.from_dict(data)
 
 
@@ -258,7 +258,7 @@ def deploy(model: Model, *, replicas: int = 1, app_name: str = "servescope", rou
     except RuntimeError as exc:
         why = _failure(app_name)
         shutdown(app_name)
-        raise ConfigError(f"deploying {app_name!r} on Ray Serve failed: {why or exc}") from None
+        raise EndpointError(f"deploying {app_name!r} on Ray Serve failed: {why or exc}") from None
 
 
 def _failure(app_name: str) -> str | None:

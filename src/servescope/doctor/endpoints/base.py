@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from ...timing import Trace
 
-__all__ = ["UNFINISHED", "Observation", "Target"]
+__all__ = ["UNFINISHED", "Observation", "Endpoint"]
 
 #: The error of a request still running when its phase's time ran out: not counted as a failure.
 UNFINISHED = "unfinished at the end"
@@ -25,7 +25,7 @@ class Observation:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-class Target(Protocol):
+class Endpoint(Protocol):
     """An endpoint the doctor can drive: a function, an ASGI app or a WSGI app."""
 
     kind: str

@@ -23,7 +23,7 @@ from ...timing import Trace
 from ..probes import new_evidence, set_evidence
 from .base import Observation
 
-__all__ = ["FunctionTarget", "describe_failure", "lag_monitor"]
+__all__ = ["FunctionEndpoint", "describe_failure", "lag_monitor"]
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -83,7 +83,7 @@ class _DaemonPool:
             self._jobs.put(None)
 
 
-class FunctionTarget:
+class FunctionEndpoint:
     kind = "function"
 
     def __init__(self, fn: Callable[..., Any]) -> None:

@@ -1,4 +1,4 @@
-"""The endpoints the doctor can examine, one module per kind behind one ``Target`` protocol
+"""The endpoints the doctor can examine, one module per kind behind one ``Endpoint`` protocol
 (base.py): a plain function (function.py), an ASGI or a WSGI app (http.py)."""
 
 from __future__ import annotations
@@ -9,22 +9,22 @@ from typing import Any
 import orjson
 
 from ...exceptions import ConfigError
-from .base import UNFINISHED, Observation, Target
-from .function import FunctionTarget, describe_failure
-from .http import ASGITarget, WSGITarget, free_port
+from .base import UNFINISHED, Observation, Endpoint
+from .function import FunctionEndpoint, describe_failure
+from .http import ASGIEndpoint, WSGIEndpoint, free_port
 
 __all__ = [
-    "ASGITarget",
-    "FunctionTarget",
+    "ASGIEndpoint",
+    "FunctionEndpoint",
     "Observation",
-    "Target",
+    "Endpoint",
     "UNFINISHED",
-    "WSGITarget",
+    "WSGIEndpoint",
     "describe_failure",
     "free_port",
     "is_asgi",
     "is_wsgi",
-    "make_target",
+    "make_endpoint",
     "payload_bytes",
 ]
 
@@ -54,14 +54,14 @@ def is_wsgi(obj: Any) -> bool:
     return params[:2] == ["environ", "start_response"]
 
 
-def make_target(obj: Any, *, path: str) -> Target:
+def make_endpoint(obj: Any, *, path: str) -> Endpoint:
     """The right target for what the user pointed at."""
     if is_asgi(obj):
-        return ASGITarget(obj, path)
+        return ASGIEndpoint(obj, path)
     if is_wsgi(obj):
-        return WSGITarget(obj, path)
+        return WSGIEndpoint(obj, path)
     if callable(obj) and not isinstance(obj, type):
-        return FunctionTarget(obj)
+        return FunctionEndpoint(obj)
     raise ConfigError(f"{obj!r} is neither a callable handler nor an ASGI/WSGI app")
 
 

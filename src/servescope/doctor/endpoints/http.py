@@ -25,7 +25,7 @@ from ..probes import current_evidence, new_evidence, set_evidence, reset_evidenc
 from .base import Observation
 from .function import lag_monitor
 
-__all__ = ["ASGITarget", "REQUEST_ID_HEADER", "WSGITarget", "free_port"]
+__all__ = ["ASGIEndpoint", "REQUEST_ID_HEADER", "WSGIEndpoint", "free_port"]
 
 #: The header each sequential request carries, so its server-side trace is found by id.
 REQUEST_ID_HEADER = "X-Servescope-Doctor-Request"
@@ -70,7 +70,7 @@ class _Collector:
             self.by_id.clear()
 
 
-class _HTTPTarget:
+class _HTTPEndpoint:
     """What the ASGI and WSGI targets share: the client side."""
 
     kind = "http"
@@ -128,9 +128,9 @@ class _HTTPTarget:
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
-        from ...loadgen import LoadGenerator, Target, build_requests, error_kind
+        from ...loadgen import URL, LoadGenerator, build_requests, error_kind
 
-        target = Target.parse(self.url)
+        target = URL.parse(self.url)
         raw = build_requests(target, method="POST", bodies=[body], content_type="application/json")
         gen = LoadGenerator(target, raw, timeout_s=timeout_s)
         t0 = time.perf_counter()
@@ -191,7 +191,7 @@ class _EvidenceASGI:
             await self.app(scope, receive, send)
 
 
-class ASGITarget(_HTTPTarget):
+class ASGIEndpoint(_HTTPEndpoint):
     kind = "asgi"
 
     def __init__(self, app: Any, path: str) -> None:
@@ -260,7 +260,7 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     block_on_close = False
 
 
-class WSGITarget(_HTTPTarget):
+class WSGIEndpoint(_HTTPEndpoint):
     kind = "wsgi"
 
     def __init__(self, app: Any, path: str) -> None:
