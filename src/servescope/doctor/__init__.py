@@ -2,7 +2,7 @@
 
 The parts, in the order a run uses them:
 
-- ``targets/``: what is examined (a function, an ASGI app, a WSGI app), behind one protocol;
+- ``endpoints/``: what is examined (a function, an ASGI app, a WSGI app), behind one ``Endpoint`` protocol;
 - ``probes.py``: see inside the endpoint without changing what it does;
 - ``sampler.py``: where each thread is, every 2 ms (hot spots, the loop's thread, the GIL);
 - ``run.py``: the phases, each with a deadline, and the verdict (could it be diagnosed?);

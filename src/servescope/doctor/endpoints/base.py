@@ -1,4 +1,4 @@
-"""What every target gives the doctor: start, one request, a concurrent phase, stop."""
+"""What every endpoint gives the doctor: start, one request, a concurrent phase, stop."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Endpoint(Protocol):
     """An endpoint the doctor can drive: a function, an ASGI app or a WSGI app."""
 
     kind: str
-    #: how late the event loop woke a sleeping task (ms), for targets with a loop
+    #: how late the event loop woke a sleeping task (ms), for endpoints with a loop
     lag_ms: list[float]
 
     @property
