@@ -101,6 +101,17 @@ class PrometheusExporter:
         return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
 
 
+class _ReportFigures:
+    """A Report's distributions in a Recorder's shape (stages, latency, errors)."""
+
+    def __init__(self, report: Any) -> None:
+        from .stats import Distribution
+
+        self.stages = report.stage_distributions()
+        self.latency = report.distributions.get("total") or Distribution()
+        self.errors = report.errors
+
+
 class RecorderCollector:
     """Prometheus metrics computed from a Recorder when scraped, not observed per request.
 
@@ -113,6 +124,8 @@ class RecorderCollector:
     """
 
     def __init__(self, recorder: Any, *, prefix: str = "servescope", buckets: Sequence[float] = STAGE_BUCKETS) -> None:
+        """``recorder``: a Recorder, or a callable returning a Report (read at each scrape: the
+        merged figures of several workers or replicas)."""
         require("prometheus_client", "prometheus", "RecorderCollector needs it.")
         self.recorder = recorder
         self.prefix = prefix
@@ -128,6 +141,8 @@ class RecorderCollector:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         rec = self.recorder
+        if callable(rec):
+            rec = _ReportFigures(rec())
         stages = HistogramMetricFamily(f"{self.prefix}_stage_seconds", "Time per request spent in each stage", labels=["stage"])
         for name, dist in rec.stages.items():
             self._histogram(stages, [name], dist)

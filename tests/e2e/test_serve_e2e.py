@@ -304,3 +304,39 @@ def test_a_model_that_cannot_load_ends_serve_with_the_reason():
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("servescope: error: tests/e2e/endpoints/broken_load.py:BrokenLoad could not start: FileNotFoundError")
     assert "no checkpoint at /models/ckpt.pt" in last and "Traceback" in p.stderr
+
+
+def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servescope", "serve", "examples/mlp_serve.py:MLP", "--port", str(port), "--workers", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        ready: set[str] = set()
+        while len(ready) < 2 and time.monotonic() < deadline:  # each worker says ready for itself
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                r = urllib.request.urlopen(f"{url}/predict", data=BODY, timeout=5)
+                ready.add(r.headers["server-timing"].rsplit('replica;desc="', 1)[1].split('"')[0])
+            except (OSError, IndexError):
+                time.sleep(0.2)
+        assert len(ready) == 2, "both workers answer on the one port"
+        time.sleep(2.5)  # a snapshot interval (1 s) and the /report cache (1 s) later: all counted
+        base = json.loads(urllib.request.urlopen(f"{url}/report", timeout=10).read())["latency"]["count"]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: post(url).headers["server-timing"], range(60)))
+        workers = {a.rsplit('replica;desc="', 1)[1].split('"')[0] for a in answers}
+        time.sleep(2.5)  # a snapshot interval (1 s) and the /report cache (1 s) later
+        counts = {json.loads(urllib.request.urlopen(f"{url}/report", timeout=10).read())["latency"]["count"] for _ in range(6)}
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert len(workers) == 2, workers
+    assert counts == {base + 60}, (base, counts)  # whichever worker answers /report: every request, once
+    assert f'servescope_requests_total{{status="200"}} {float(base + 60)}' in metrics  # /metrics merged too

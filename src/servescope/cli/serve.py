@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
     parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
     parser.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
+    parser.add_argument("--workers", metavar="N", type=positive_int, default=1, help="worker processes on one port, each with its own model and CPUs/N threads; one merged /report and /metrics (default 1)")
     common.add_ray(parser, "deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")
     parser.add_argument("--replicas", metavar="N", type=positive_int, default=None, help="with --ray: replicas (default 1)")
     parser.add_argument("--ray-address", dest="ray_address", action=common.Deprecated, new="--ray ADDRESS", help=argparse.SUPPRESS)
@@ -69,6 +70,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
         }.items()
         if v is not None
     }
+    if args.workers > 1:
+        if args.ray is not None:
+            raise ConfigError("--workers and --ray do not go together: on Ray, use --replicas")
+        if isinstance(obj, ServeApp):
+            raise ConfigError(f"--workers builds one app per worker from a servescope.Model: {args.target} is already a serve() app")
+        from ..serve.workers import run_workers
+
+        sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} with {args.workers} workers (loading...)\n")
+        run_workers(args.target, args.workers, host=args.host, port=args.port, on_stuck="exit", **options)
+        return 0
     if args.ray is not None:
         from ..serve.ray_serve import run as run_on_ray
 

@@ -92,6 +92,7 @@ class ServeApp:
         timing_suffix: str = "",
         report_interval_s: float = 1.0,
         debug_errors: bool = False,
+        merged_metrics: bool = False,
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -139,10 +140,12 @@ class ServeApp:
             sizes = sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
         self.warmup_batch_sizes = sizes
         self.recorder = recorder if recorder is not None else Recorder()
-        self.metrics = _Metrics.create(self.recorder)
-        # where GET /report comes from (replicas on Ray merge every replica's figures there), and
-        # what each Server-Timing value ends with (a replica names itself and the proxy before it)
+        # where GET /report comes from (replicas on Ray and workers merge every one's figures
+        # there), and what each Server-Timing value ends with (a replica names itself and the
+        # proxy before it); with merged_metrics, /metrics is built from that merged report too
         self.report_source = report_source or (lambda: self.recorder.report(tool="servescope serve"))
+        self.merged_metrics = bool(merged_metrics)
+        self.metrics = _Metrics.create(self.report_source if self.merged_metrics else self.recorder)
         self.timing_suffix = timing_suffix
         # GET /report is built (off the loop) at most once per interval; scrapes in between, and
         # those while one is being built, share that body: scraping it cannot starve /predict
@@ -560,7 +563,10 @@ class ServeApp:
             await _respond(send, 501, _error_body("metrics need prometheus-client: pip install 'servescope[prometheus]'"))
             return
         self.metrics.queue_depth.set(self.batcher.depth())
-        body, ctype = self.metrics.exposition()
+        if self.merged_metrics:  # reading the other workers' figures: off the loop
+            body, ctype = await asyncio.get_running_loop().run_in_executor(None, self.metrics.exposition)
+        else:
+            body, ctype = self.metrics.exposition()
         await _respond(send, 200, body, [(b"content-type", ctype.encode())])
 
 
@@ -597,7 +603,7 @@ class _Metrics:
     """The runtime's Prometheus metrics: stages and statuses from the recorder at scrape time
     (nothing per request), batch sizes per batch, queue depth at scrape."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder | Callable[[], Report]) -> None:
         import prometheus_client as prom
 
         from ..exporters import RecorderCollector
@@ -617,7 +623,7 @@ class _Metrics:
         prom.ProcessCollector(registry=self.registry)
 
     @classmethod
-    def create(cls, recorder: Recorder) -> _Metrics | None:
+    def create(cls, recorder: Recorder | Callable[[], Report]) -> _Metrics | None:
         try:
             return cls(recorder)
         except ImportError:

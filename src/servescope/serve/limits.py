@@ -141,3 +141,20 @@ def limited_httptools(limits: HttpLimits) -> type | None:
             self.loop.call_later(LINGER_S, self.transport.close)
 
     return LimitedHttpTools
+
+
+#: Where ``LimitedHttpTools`` (imported by name, as uvicorn's worker processes import their
+#: protocol) reads its limits: set by ``servescope serve --workers`` for its workers.
+ENV_HEADER_BYTES, ENV_HEADER_TIMEOUT = "SERVESCOPE_MAX_HEADER_BYTES", "SERVESCOPE_HEADER_TIMEOUT_S"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LimitedHttpTools":  # "servescope.serve.limits:LimitedHttpTools", for uvicorn's workers
+        import os
+
+        limits = HttpLimits(
+            max_header_bytes=int(os.environ.get(ENV_HEADER_BYTES, 64 * 1024)),
+            header_timeout_s=float(os.environ.get(ENV_HEADER_TIMEOUT, 10.0)),
+        )
+        return limited_httptools(limits)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
