@@ -7,12 +7,44 @@ import os
 import time
 
 DELAY_S = float(os.environ.get("SERVESCOPE_TEST_DELAY", "0.02"))
+#: /one-at-a-time's service time: capacity 1 / SERVICE_S requests/s
+SERVICE_S = float(os.environ.get("SERVESCOPE_TEST_SERVICE", "0.01"))
+
+
+async def stream(scope, send):
+    """``/stream?ttft_ms=100&gap_ms=20&tokens=10&sse=1``: the head at once, the first token
+    ``ttft_ms`` later, then one every ``gap_ms`` (on absolute deadlines, so timer slack does not
+    add up); chunked, or as Server-Sent Events (``data: tok<k>`` after a comment line; every
+    event is a token, no ``[DONE]``). ``stall_ms=1000``: once, the whole server stalls that long
+    (a blocking sleep on its event loop: every stream in flight waits) half-way through a
+    stream that starts 1 s or more after the first such request.
+    """
+    q = dict(kv.split("=", 1) for kv in scope["query_string"].decode().split("&") if "=" in kv)
+    ttft, gap = float(q.get("ttft_ms", 100)) / 1e3, float(q.get("gap_ms", 20)) / 1e3
+    tokens, sse, stall = int(q.get("tokens", 10)), q.get("sse") == "1", float(q.get("stall_ms", 0)) / 1e3
+    ctype = b"text/event-stream" if sse else b"text/plain"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", ctype)]})
+    t0 = time.perf_counter()
+    state = app.__dict__.setdefault("stream_stall", {"first": None, "done": False})
+    if stall and state["first"] is None:
+        state["first"] = t0
+    for k in range(tokens):
+        due = t0 + ttft + k * gap
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        if stall and k == tokens // 2 and not state["done"] and time.perf_counter() - state["first"] > 1.0:
+            state["done"] = True
+            time.sleep(stall)
+            t0 += stall  # the later tokens keep their pace after the stall
+        body = b": keep-alive\ndata: tok%d\n\n" % k if sse else b"tok%d " % k
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def app(scope, receive, send):
     """``/delay`` sleeps DELAY_S and says so in Server-Timing; ``/stall`` stalls the whole
     server (a blocking sleep on the event loop) once, 1 s after its first request; ``/fast``
-    answers at once; ``/error`` answers 503; ``/reject`` answers 422 with a body and Server-Timing."""
+    answers at once; ``/error`` answers 503; ``/reject`` answers 422 with a body and Server-Timing;
+    ``/stream`` streams tokens (``stream``); ``/one-at-a-time`` serves one request at a time."""
     if scope["type"] == "lifespan":
         while True:
             msg = await receive()
@@ -43,6 +75,11 @@ async def app(scope, receive, send):
         if not state["done"] and now - state["first"] > 1.0:
             state["done"] = True
             time.sleep(0.5)  # blocks the loop: every request in flight or arriving waits
+    elif path == "/stream":
+        await stream(scope, send)
+        return
+    elif path == "/one-at-a-time":  # a fixed service rate: one request at a time, SERVICE_S each
+        time.sleep(SERVICE_S)  # blocks the loop: the next request waits, as on a busy worker
     elif path == "/error":
         status = 503
     elif path == "/reject":  # an endpoint that refuses the payload, with its timing, as servescope.serve does

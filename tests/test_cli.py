@@ -44,6 +44,12 @@ def exit_code(args: list[str]) -> int:
         (["report", "/nonexistent/run.json"], "cannot read report"),
         (["report", "http://127.0.0.1:9/report"], "cannot fetch a report from http://127.0.0.1:9/report"),
         (["frobnicate"], "invalid choice"),
+        (["bench", "http://127.0.0.1:9/", "--slo", "p99<200"], "bad SLO term 'p99<200'"),
+        (["bench", "http://127.0.0.1:9/", "--slo", "p99<200ms,ttft_p95>1s"], "bad SLO term 'ttft_p95>1s'"),
+        (["bench", "http://127.0.0.1:9/", "--slo", "p99<1s,p99<2s"], "latency p99 is given twice"),
+        (["bench", "http://127.0.0.1:9/", "--find-max"], "--find-max needs --slo"),
+        (["bench", "http://127.0.0.1:9/", "--find-max", "--slo", "p99<1s", "-c", "4"], "--find-max searches open-loop rates"),
+        (["bench", "http://127.0.0.1:9/", "--search-resolution", "150%"], "between 0% and 100%"),
     ],
 )
 def test_bad_arguments_get_one_line_and_exit_2(args, message, capsys):

@@ -22,12 +22,14 @@ from typing import Any, Callable
 import numpy as np
 
 from .exceptions import ConfigError, EndpointError, ServerTimingError
-from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, error_kind
+from .loadgen import OVERSIZED, SSE, LoadGenerator, Result, URL, build_requests, error_kind
 from .recorder import Recorder
 from .report import Report
-from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts
+from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo
 from .servertiming import server_timing_durations
+from .slo import SLO, judge
 from .stats import Distribution, summarize
+from .streams import Streamed, stream_stats
 from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
 from .timing import OTHER
 
@@ -75,6 +77,8 @@ class BenchOptions:
     timeout_s: float = 30.0
     max_connections: int = 1024
     seed: int | None = None
+    #: objectives to judge each level on (``SLO.parse("p99<200ms")``): goodput, and met or not
+    slo: SLO | None = None
 
     def __post_init__(self) -> None:
         self.target = URL.parse(self.url)
@@ -121,6 +125,8 @@ def results_report(
     first_ms: float | None = None,
     lags_ns: list[int] | None = None,
     meta: dict[str, Any] | None = None,
+    open_loop: bool = False,
+    slo: SLO | None = None,
 ) -> Report:
     """A Report from raw results: requests *scheduled* from ``measure_from_ns`` on count.
 
@@ -128,7 +134,10 @@ def results_report(
     omission corrected: equal to the send time in closed loop); ``uncorrected`` from the send.
     Stages come from each response's Server-Timing; ``network+client`` is what the client saw
     beyond the server's total. Plain 6-tuples in ``Result``'s field order (the form before
-    ``Result`` had names) are read as Results.
+    ``Result`` had names) are read as Results. Streamed responses add ``load.stream`` (TTFB,
+    TTFT, the gaps between tokens: ``streams.stream_stats``; ``open_loop`` corrects the gaps
+    for coordinated omission); an ``slo`` adds ``load.slo`` (each objective judged on the run,
+    and the goodput: requests whose own figures met every objective).
     """
     results = [r if type(r) is Result else Result(*r) for r in results]
     rec = Recorder(keep_samples=0)
@@ -138,6 +147,8 @@ def results_report(
     bad_timing = 0
     too_large = 0
     replicas: dict[str, int] = {}
+    streams: list[Streamed] = []
+    oks: list[tuple[float, int]] = []  # each success's latency, and its index in streams (-1: not streamed)
     for result in measured:
         sched, sent, done, st = result.scheduled_ns, result.sent_ns, result.done_ns, result.server_timing
         start = sched if sched < sent else sent
@@ -150,6 +161,12 @@ def results_report(
             continue
         from_send = (done - sent) / 1e6
         uncorrected.add(from_send)
+        if result.stream is not None and (result.stream[0] == SSE or len(result.stream[2]) > 1):
+            # a chunked response in one chunk is a plain one (raw ASGI apps chunk every answer)
+            streams.append(Streamed(start, *result.stream))
+            oks.append((latency, len(streams) - 1))
+        elif slo is not None:
+            oks.append((latency, -1))
         stages: dict[str, float] = {}
         if st is not None:
             try:  # each response's own: a bad one is counted and set aside, the run goes on
@@ -199,6 +216,29 @@ def results_report(
         ),
         replicas=dict(sorted(replicas.items())),  # who answered, from each response's Server-Timing
     )
+    gaps: list[np.ndarray] = []
+    if streams:
+        load.stream, gaps = stream_stats(streams, open_loop=open_loop, window_s=window_s)
+    if slo is not None:
+        good = 0
+        for latency, i in oks:
+            if i < 0:
+                good += slo.request_met(latency_ms=latency)
+                continue
+            s = streams[i]
+            n = len(s.times_ns)
+            good += slo.request_met(
+                latency_ms=latency,
+                ttfb_ms=(s.head_ns - s.start_ns) / 1e6,
+                ttft_ms=(s.times_ns[0] - s.start_ns) / 1e6 if n else None,
+                gaps_ms=gaps[i],
+                tpot_ms=(s.times_ns[-1] - s.times_ns[0]) / 1e6 / (n - 1) if n > 1 else None,
+            )
+        checks = judge(slo, report)
+        load.slo = Slo(
+            slo=str(slo), met=all(c.met for c in checks), checks=checks, good=good,
+            goodput_rps=round(good / window_s, 2) if measured else 0.0,
+        )  # fmt: skip
     if lags_ns:
         lags = np.asarray(lags_ns, dtype=float) / 1e6
         p99 = float(np.percentile(lags, 99))
@@ -319,7 +359,7 @@ def run_bench(
                 meta["interrupted"] = True
             rep = results_report(
                 results, measure_from_ns=measure_from, measure_until_ns=until, first_ms=first_ms,
-                lags_ns=lags, meta=meta,
+                lags_ns=lags, meta=meta, open_loop=mode == "rate", slo=options.slo,
             )  # fmt: skip
             assert rep.load is not None  # results_report made it
             rep.load.first_error = first_err or None

@@ -9,6 +9,11 @@ Open loop (``rate``): request k is *scheduled* at ``start + k / rate`` (or at Po
 times) and its latency is measured from that scheduled time, as wrk2 does: a server that
 stalls cannot hide its stall by slowing the generator down (coordinated omission). The
 latency from the actual send is kept as well ("uncorrected").
+
+Streamed responses (chunked transfer encoding, or ``text/event-stream``) also keep when their
+head arrived and when each chunk (for Server-Sent Events: each event carrying ``data``)
+arrived, one clock read per chunk; a plain response pays only for two header-name lengths
+compared. ``bench.results_report`` turns these into TTFB, TTFT and inter-chunk gaps.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ import httptools
 from .exceptions import ConfigError
 
 __all__ = [
-    "MAX_SERVER_TIMING_BYTES", "OVERSIZED", "LoadGenerator", "Result", "URL", "build_requests", "error_kind",
-    "ok_latencies_ms", "schedule",
+    "CHUNKED", "MAX_SERVER_TIMING_BYTES", "OVERSIZED", "SSE", "LoadGenerator", "Result", "URL", "build_requests",
+    "error_kind", "ok_latencies_ms", "schedule",
 ]  # fmt: skip
 
 _EARLY_NS = 200_000
@@ -41,6 +46,10 @@ MAX_SERVER_TIMING_BYTES = 8192
 #: What a response keeps in place of a Server-Timing value over the cap: a NUL, which no header
 #: value may hold, so it survives pickling (results from Ray generators) and compares by value.
 OVERSIZED = b"\0"
+#: ``Result.stream[0]``: a chunked response (each chunk counts), or Server-Sent Events (each
+#: event with a ``data`` field counts, wherever the chunks split it)
+CHUNKED = 1
+SSE = 2
 
 class Result(NamedTuple):
     """One completed (or failed) request, as the generator saw it (``perf_counter_ns`` times).
@@ -64,6 +73,9 @@ class Result(NamedTuple):
     server_timing: bytes | None
     #: a transport failure ("timeout", "connection reset", "not sent" ...), or None
     error: str | None
+    #: a streamed response: ``(CHUNKED or SSE, head_ns, [arrival_ns of each chunk or event])``
+    #: (the head: status line and headers); None for a plain response
+    stream: tuple[int, int, list[int]] | None = None
 
 
 #: How much of the first error answer's body is kept.
@@ -178,6 +190,12 @@ class _Conn(asyncio.Protocol):
         self.st_len = 0  # their joined length, while several
         self.st_cap = gen.max_server_timing_bytes
         self.body: bytes | None = None  # kept only for the run's first error answer
+        self.kind = 0  # CHUNKED or SSE once the headers say so
+        self.head_ns = 0
+        self.chunks: list[int] | None = None  # a streamed response's arrival times
+        self.new_chunk = False
+        self.sse_rest = b""  # the start of an SSE line not yet ended (6 bytes say what it is)
+        self.sse_data = False  # the SSE event under way has a data field
         self.open = False
 
     # asyncio.Protocol
@@ -201,17 +219,52 @@ class _Conn(asyncio.Protocol):
         # the run's first error answer keeps its body (up to ERROR_BODY_BYTES), to say why
         if self.gen.first_error_body is None and self.parser.get_status_code() >= 400:
             self.body = b""
+        if self.kind:
+            self.head_ns = time.perf_counter_ns()
+            self.chunks = []
+
+    def on_chunk_header(self) -> None:
+        self.new_chunk = True
 
     def on_body(self, body: bytes) -> None:
+        if self.chunks is not None:
+            if self.kind == SSE:
+                self._events(body)
+            elif self.new_chunk:  # a chunk's bytes may come in several reads: its first read counts
+                self.new_chunk = False
+                self.chunks.append(time.perf_counter_ns())
         if self.body is not None and len(self.body) < ERROR_BODY_BYTES:
             self.body += body[: ERROR_BODY_BYTES - len(self.body)]
 
+    def _events(self, body: bytes) -> None:
+        """Server-Sent Events: an event ends at an empty line; it counts when it had a data
+        field (lines end in LF or CRLF)."""
+        if self.sse_rest:
+            body = self.sse_rest + body
+        lines = body.split(b"\n")
+        self.sse_rest = lines.pop()[:6]
+        now = 0
+        for line in lines:
+            if not line or line == b"\r":
+                if self.sse_data:
+                    self.sse_data = False
+                    self.chunks.append(now or (now := time.perf_counter_ns()))  # type: ignore[union-attr]
+            elif line[:5] == b"data:" or line.rstrip(b"\r") == b"data":
+                self.sse_data = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) == 13 and name.lower() == b"server-timing":
-            if self.st is None and len(value) <= self.st_cap:
-                self.st = value
-            else:
-                self._another_timing_line(value)
+        n = len(name)
+        if n == 13:
+            if name.lower() == b"server-timing":
+                if self.st is None and len(value) <= self.st_cap:
+                    self.st = value
+                else:
+                    self._another_timing_line(value)
+        elif n == 12:
+            if value[:17].lower() == b"text/event-stream" and name.lower() == b"content-type":
+                self.kind = SSE
+        elif n == 17 and not self.kind and name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            self.kind = CHUNKED
 
     def _another_timing_line(self, value: bytes) -> None:
         st = self.st
@@ -232,6 +285,13 @@ class _Conn(asyncio.Protocol):
         st, self.st = self.st, None
         if self.more is not None:  # joined once, not at each line
             st, self.more = b", ".join(self.more), None
+        stream = None
+        if self.chunks is not None:
+            # a chunked answer in one chunk is a plain one (raw ASGI apps chunk every answer):
+            # nothing kept, so the run holds no extra object per plain response
+            if self.kind == SSE or len(self.chunks) > 1:
+                stream = (self.kind, self.head_ns, self.chunks)
+            self.chunks, self.kind, self.sse_rest, self.sse_data = None, 0, b"", False
         if cur is None:  # a response nobody asked for (after a timeout): ignore it
             return
         gen = self.gen
@@ -240,7 +300,7 @@ class _Conn(asyncio.Protocol):
             if gen.first_error_body is None:
                 gen.first_error_body = f"HTTP {parser.get_status_code()}: " + self.body.decode("utf-8", "replace")
             self.body = None
-        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None))
+        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None, stream))
         if not parser.should_keep_alive():
             self.open = False
             self.transport.close()  # type: ignore[union-attr]
@@ -265,7 +325,8 @@ class _Conn(asyncio.Protocol):
 
     def _drop(self, kind: str) -> None:
         cur, self.cur = self.cur, None
-        self.st = self.more = self.body = None
+        self.st = self.more = self.body = self.chunks = None
+        self.kind, self.sse_rest, self.sse_data = 0, b"", False
         self.open = False
         if self.transport is not None:
             self.transport.close()

@@ -18,10 +18,12 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, get_type_hints
 
 from .schema import dump_section, load_section, load_value
+from .stats import Distribution, summarize
 
 __all__ = [
     "Diagnosis",
     "ExtraView",
+    "FindMax",
     "FoldedStages",
     "GeneratorHealth",
     "GeneratorRow",
@@ -30,6 +32,9 @@ __all__ = [
     "SECTIONS",
     "Section",
     "ServerTimingCounts",
+    "Slo",
+    "SloCheck",
+    "Stream",
     "Sweep",
     "SweepRow",
     "Unattributed",
@@ -111,6 +116,108 @@ class GeneratorRow(Section):
     start_late_ms: float | None = None
 
 
+Summary = dict[str, float | None]
+
+
+@dataclass(kw_only=True)
+class Stream(Section):
+    """Streamed responses among the successes (chunked, or Server-Sent Events): docs/bench.md
+    defines each figure. ``distributions`` (name -> a distribution's JSON form) is what the
+    figures come from and what ``Report.combine`` merges: figures are recomputed from the
+    merged distributions, counts summed; ``chunks_per_s`` (over each run's own window) and
+    ``itl_expected_ms`` (each run's own) are left out, with a note."""
+
+    #: "chunked", "sse", or "chunked+sse"
+    kind: str = "chunked"
+    #: streamed responses, and the tokens (chunks, or SSE events with data) they carried
+    responses: int = 0
+    chunks: int = 0
+    #: from the request's start (open loop: the earlier of scheduled and sent) to the head
+    ttfb: Summary | None = None
+    #: from the request's start to the first token
+    ttft: Summary | None = None
+    #: gaps between consecutive tokens, all requests' together (open loop: with overdue tokens)
+    itl: Summary | None = None
+    #: open loop: the gaps as observed, each once
+    itl_uncorrected: Summary | None = None
+    #: per request: (last token - first token) / (tokens - 1)
+    tpot: Summary | None = None
+    #: the median request's tokens per second after its first (1000 / tpot p50)
+    chunks_per_s_per_request: float | None = None
+    #: every token of the measured window, per second of it
+    chunks_per_s: float | None = None
+    #: open loop: the interval the ITL correction expects tokens at (the median gap)
+    itl_expected_ms: float | None = None
+    distributions: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_distributions(cls, dists: dict[str, Distribution], **kwargs: Any) -> Stream:
+        """The figures of these distributions (``ttfb``, ``ttft``, ``itl``, ``tpot``, and
+        ``itl_uncorrected`` in open loop), which the section keeps."""
+        out = cls(**kwargs, distributions={name: d.to_dict() for name, d in dists.items()})
+        for name, d in dists.items():
+            setattr(out, name, summarize(d))
+        p50 = (out.tpot or {}).get("p50_ms")
+        out.chunks_per_s_per_request = round(1000 / p50, 2) if p50 else None
+        return out
+
+    def distribution(self, name: str) -> Distribution | None:
+        """One of the kept distributions (``ttft``, ``itl`` ...), or None."""
+        data = self.distributions.get(name)
+        return None if data is None else Distribution.from_dict(data, where=f"load.stream.distributions.{name}")
+
+    @classmethod
+    def combine(cls, parts: list[Any], notes: Notes) -> Stream | None:
+        have: list[Stream] = [p for p in parts if p is not None]
+        if not have:
+            return None
+        names = list(dict.fromkeys(n for p in have for n in p.distributions))
+        dists: dict[str, Distribution] = {}
+        for name in names:
+            for p in have:
+                d = p.distribution(name)
+                if d is not None:
+                    dists[name] = dists[name].merge(d) if name in dists else d
+        for name, why in (
+            ("chunks_per_s", "each run's rate is over its own window, which may or may not overlap the others'"),
+            ("itl_expected_ms", "each run corrected its gaps with its own expected interval"),
+        ):
+            if any(getattr(p, name) is not None for p in have):
+                notes[f"load.stream.{name}"] = why
+        kinds = sorted({k for p in have for k in p.kind.split("+")})
+        return cls.from_distributions(
+            dists, kind="+".join(kinds), responses=sum(p.responses for p in have), chunks=sum(p.chunks for p in have)
+        )
+
+
+@dataclass(kw_only=True)
+class SloCheck(Section):
+    """One objective of ``--slo``, judged on the run: the run's figure, and whether it met it."""
+
+    objective: str
+    #: the run's figure (ms); null when not measured (then not met)
+    value_ms: float | None = None
+    met: bool = False
+    #: why it could not be judged, when it could not
+    note: str | None = None
+
+
+@dataclass(kw_only=True)
+class Slo(Section):
+    """``--slo``: whether the run met each objective, and its goodput (docs/bench.md).
+    Not combined: ``slo.judge`` judges a combined report again from its distributions."""
+
+    key: ClassVar[str] = "slo"
+
+    slo: str = ""
+    met: bool = False
+    checks: list[SloCheck] = field(default_factory=list)
+    #: successful requests whose own figures met every objective
+    good: int = 0
+    #: ``good`` per second of the measured window
+    goodput_rps: float | None = None
+
+
 @dataclass(kw_only=True)
 class Load(Section):
     """What ``servescope bench`` measured beside the latency statistics.
@@ -138,6 +245,10 @@ class Load(Section):
     generators: list[GeneratorRow] = field(default_factory=list)
     #: why each lost generator was lost (the others' results are kept)
     generators_lost: list[str] = field(default_factory=list)
+    #: streamed responses' figures (TTFT, ITL ...), when responses were streamed
+    stream: Stream | None = None
+    #: with ``--slo``: each objective judged, and the goodput
+    slo: Slo | None = None
 
     @classmethod
     def combine(cls, parts: list[Any], notes: Notes) -> Load | None:
@@ -149,6 +260,7 @@ class Load(Section):
             ("throughput_rps", "each run's throughput is over its own window, which may or may not overlap the others'"),
             ("uncorrected", "percentiles are never averaged, and these keep no distribution to merge"),
             ("generator", "schedule-lag percentiles are never averaged, and these keep no distribution to merge"),
+            ("slo", "goodput is judged request by request within one run; judge the combined figures again (servescope.slo.judge)"),
         ):
             if any(getattr(p, name) is not None for p in have):
                 notes[f"load.{name}"] = why
@@ -168,6 +280,7 @@ class Load(Section):
         out.replicas = dict(sorted(out.replicas.items()))
         out.first_error = next((p.first_error for p in have if p.first_error), None)
         out.first_error_body = next((p.first_error_body for p in have if p.first_error_body), None)
+        out.stream = Stream.combine([p.stream for p in have], notes)
         return out
 
 
@@ -182,6 +295,31 @@ class SweepRow(Section):
     p95_ms: float | None = None
     p99_ms: float | None = None
     errors: int = 0
+    #: streamed responses: the median and p99 time to first token and gap between tokens
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    #: with ``--slo``: the goodput, and whether the level met every objective
+    goodput_rps: float | None = None
+    slo_met: bool | None = None
+
+
+@dataclass(kw_only=True)
+class FindMax(Section):
+    """``--find-max``: the highest open-loop rate found to meet the SLO, and how the search ended."""
+
+    slo: str = ""
+    #: the highest rate that met it (null: none did)
+    max_rate: float | None = None
+    #: the lowest rate that missed it (null: none did)
+    missed_rate: float | None = None
+    #: the search stops when missed_rate / max_rate <= 1 + resolution
+    resolution: float = 0.05
+    budget_s: float | None = None
+    elapsed_s: float | None = None
+    #: "resolution reached", "time budget spent", "rate cap reached", "no rate met the SLO", "interrupted"
+    stopped: str = ""
 
 
 @dataclass(kw_only=True)
@@ -194,6 +332,8 @@ class Sweep(Section):
 
     rows: list[SweepRow] = field(default_factory=list)
     levels: list[dict[str, Any]] = field(default_factory=list)
+    #: ``--find-max``: the search the rows come from
+    find_max: FindMax | None = None
 
 
 # -- servescope doctor ------------------------------------------------------------------------

@@ -11,9 +11,36 @@ from .common import duration, int_list, positive_int, rate_list
 
 NAME = "bench"
 HELP = "load-test an HTTP endpoint; per-stage latency from its Server-Timing"
-EPILOG = "exit status: 0 measured, 2 bad arguments or an endpoint out of reach, 3 most requests of a level failed (or none completed): the run did not measure the endpoint"
+EPILOG = (
+    "exit status: 0 measured (and with --slo: every level met it; with --find-max: a rate met it), "
+    "1 a level missed the --slo (with --find-max: no rate met it), 2 bad arguments or an endpoint out of reach, "
+    "3 most requests of a level failed (or none completed): the run did not measure the endpoint"
+)
+#: With --slo: a level missed it (--find-max: no rate met it).
+EXIT_SLO_MISSED = 1
 #: Most requests of a level failed, or no level completed.
 EXIT_NOT_MEASURED = 3
+
+
+def slo(text: str) -> object:
+    from ..exceptions import ConfigError
+    from ..slo import SLO
+
+    try:
+        return SLO.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def share(text: str) -> float:
+    value = text.strip().removesuffix("%")
+    try:
+        out = float(value) / 100
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage like 5%, got {text!r}") from None
+    if not 0 < out < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0% and 100%, got {text!r}")
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_timeout(parser, default=30.0)
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=1024, help="open loop: connection cap (default 1024)")
     parser.add_argument("--seed", metavar="N", type=int, help="seed for --poisson arrivals")
+    parser.add_argument("--slo", metavar="SLO", type=slo, help="objectives, e.g. 'p99<200ms,ttft_p95<500ms,itl_p99<50ms': goodput beside throughput, exit 1 when a level misses one (docs/bench.md)")
+    parser.add_argument("--find-max", action="store_true", help="with --slo: search the highest open-loop rate that meets it (from --rate, default 10/s: doubling, then bisection), each probe --warmup + --duration long")
+    parser.add_argument("--search-budget", metavar="DURATION", type=duration, default=300.0, help="--find-max: no probe starts past this much time (default 5m)")
+    parser.add_argument("--search-resolution", metavar="PCT", type=share, default=0.05, help="--find-max: stop when the rate that missed is within PCT of the one that met (default 5%%)")
     common.add_ray(parser, "run the load generators on a Ray cluster")
     parser.add_argument("--generators", metavar="N", type=positive_int, default=None, help="with --ray: load generators (actors, one CPU each; default 2)")
     common.add_outputs(parser)
@@ -63,10 +94,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         timeout_s=args.timeout,
         max_connections=args.max_connections,
         seed=args.seed,
+        slo=args.slo,
     )
     if args.generators is not None and not args.ray:
         raise ConfigError("--generators goes with --ray")
     out = common.table_console(args, console)
+    if args.find_max:
+        return find_max(options, args, out)
     seconds = args.warmup + args.duration if not args.requests else None
     with BenchProgress(out, seconds=seconds, requests=args.requests) as progress:
         if args.ray:
@@ -89,4 +123,59 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if final.meta.get("interrupted"):
         out.print("[yellow]Interrupted: the report covers what ran.[/]")
     common.write_outputs(final, args, out, sweep=rows)
-    return EXIT_NOT_MEASURED if failed else 0
+    if failed:
+        return EXIT_NOT_MEASURED
+    missed = [r for r in reports if r.load is not None and r.load.slo is not None and not r.load.slo.met]
+    return EXIT_SLO_MISSED if missed else 0
+
+
+def find_max(options: object, args: argparse.Namespace, out: Console) -> int:
+    """--find-max: probe rates, print each, then the curve and the knee."""
+    from dataclasses import replace
+
+    from rich.text import Text
+
+    from ..bench import run_bench
+    from ..exceptions import ConfigError
+    from ..renderers.sweep import render_sweep
+    from ..renderers.terminal import render_terminal
+    from ..sweep import find_max as search, find_max_report, sweep_summary
+
+    if args.slo is None:
+        raise ConfigError("--find-max needs --slo: the objectives a rate must meet")
+    if args.concurrency or args.ray or (args.rate and len(args.rate) > 1):
+        raise ConfigError("--find-max searches open-loop rates: give at most one --rate (where to start), no --concurrency or --ray")
+    start = args.rate[0] if args.rate else 10.0
+    out.print(
+        f"Searching the highest rate that meets {args.slo} from {start:g} requests/s: doubling, then bisection to "
+        f"{args.search_resolution * 100:g}%, each probe {args.warmup:g}s + {args.duration if args.duration else 0:g}s, "
+        f"within {args.search_budget:g}s"
+    )
+
+    def probe(rate: float):  # type: ignore[no-untyped-def]
+        reports = run_bench(replace(options, rate=[rate], concurrency=[]))  # type: ignore[type-var]
+        if not reports:
+            return None
+        rep = reports[0]
+        res = rep.load.slo
+        line = f"  rate={rate:g}: {'met' if res.met else 'missed'} (p99 {rep.latency.get('p99_ms')} ms, goodput {res.goodput_rps} requests/s)"
+        out.print(Text(line, style="green" if res.met else "red"))
+        return None if rep.meta.get("interrupted") else rep
+
+    outcome, reports = search(probe, start_rate=start, resolution=args.search_resolution, budget_s=args.search_budget)
+    if not reports:
+        out.print("No probe completed.")
+        return EXIT_NOT_MEASURED
+    final = find_max_report(outcome, reports)
+    render_sweep(sweep_summary(sorted(reports, key=lambda r: r.meta.get("rate", 0))), console=out)
+    render_terminal(final, console=out)
+    if outcome.max_rate is None:
+        out.print(Text(f"No rate met {outcome.slo} ({outcome.stopped}; lowest tried {outcome.missed_rate:g} requests/s).", style="bold red"))
+    else:
+        above = f", {outcome.missed_rate:g} requests/s missed it" if outcome.missed_rate is not None else ""
+        out.print(Text(
+            f"Knee: {outcome.max_rate:.4g} requests/s is the highest rate that met {outcome.slo}{above} "
+            f"({outcome.stopped}, {len(reports)} probes in {outcome.elapsed_s:.0f}s).", style="bold",
+        ))  # fmt: skip
+    common.write_outputs(final, args, out, sweep=sweep_summary(sorted(reports, key=lambda r: r.meta.get("rate", 0))))
+    return 0 if outcome.max_rate is not None else EXIT_SLO_MISSED

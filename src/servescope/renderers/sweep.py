@@ -39,15 +39,21 @@ def render_sweep(rows: list[dict[str, Any]], *, console: Console) -> None:
 
 def _sections(rows: list[dict[str, Any]]) -> list[Any]:
     table = Table(title="Throughput vs latency", header_style="bold", show_edge=False)
-    for col in ("level", "throughput req/s", "p50 ms", "p95 ms", "p99 ms", "errors"):
+    streamed = [k for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms") if any(r.get(k) is not None for r in rows)]
+    slo = any(r.get("slo_met") is not None for r in rows)
+    cols = ["level", "throughput req/s", "p50 ms", "p95 ms", "p99 ms", *(k[:-3].replace("_", " ") + " ms" for k in streamed)]
+    for col in [*cols, *(["goodput req/s", "SLO"] if slo else []), "errors"]:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(
+        cells = [
             f"{r['mode']}={r['level']:g}",
             f"{r['throughput_rps'] or 0:,.1f}",
-            *(f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("p50_ms", "p95_ms", "p99_ms")),
-            str(r["errors"]),
-        )
+            *(f"{r[k]:.2f}" if r.get(k) is not None else "-" for k in ("p50_ms", "p95_ms", "p99_ms", *streamed)),
+        ]
+        if slo:
+            good = r.get("goodput_rps")
+            cells += [f"{good:,.1f}" if good is not None else "-", {True: "met", False: "missed"}.get(r.get("slo_met"), "-")]
+        table.add_row(*cells, str(r["errors"]))
     parts: list[Any] = [table]
     sat = saturation(rows)
     if sat is not None:

@@ -126,6 +126,10 @@ def _headline(report: Report) -> list[Text]:
     diagnosis = report.diagnosis or Diagnosis()
     if load.throughput_rps is not None:
         lines.append(Text(f"Throughput: {load.throughput_rps:.1f} requests/s"))
+    if load.stream is not None:
+        lines += _stream_lines(load)
+    if load.slo is not None:
+        lines += _slo_lines(load)
     gens, lost = load.generators, load.generators_lost
     if gens:  # bench --ray: where the load came from
         nodes = len({g.node for g in gens})
@@ -184,6 +188,52 @@ def _headline(report: Report) -> list[Text]:
         n = sum(report.errors.values())
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(report.errors.items(), key=lambda kv: -kv[1]))
         lines.append(Text(f"Errors: {n} requests failed ({kinds})", style="bold red"))
+    return lines
+
+
+def _p(summary: dict[str, Any] | None, *keys: str) -> str:
+    summary = summary or {}
+    if not summary.get("count"):
+        return "- (none)"
+    return " · ".join(f"{k} {_ms(summary.get(f'{k}_ms'))}" for k in keys) + " ms"
+
+
+def _stream_lines(load: Load) -> list[Text]:
+    st = load.stream
+    assert st is not None
+    what = "events" if st.kind == "sse" else "chunks"
+    t = Text()
+    t.append("Streamed", style="bold")
+    t.append(f" ({st.kind}, {st.responses} responses, {st.chunks} {what}): ")
+    t.append("TTFT ", style="bold")
+    t.append(_p(st.ttft, "p50", "p95", "p99"))
+    t.append(" · ITL ", style="bold")
+    t.append(_p(st.itl, "p50", "p95", "p99"))
+    lines = [t]
+    rate = f"{st.chunks_per_s_per_request:,.1f}" if st.chunks_per_s_per_request is not None else "-"
+    total = f"{st.chunks_per_s:,.0f}" if st.chunks_per_s is not None else "-"
+    more = f"  TTFB {_p(st.ttfb, 'p50', 'p99')} · TPOT {_p(st.tpot, 'p50', 'p99')} · {what} per second: {rate} per request, {total} in all"
+    if st.itl_uncorrected is not None:
+        more += f" · ITL as observed (uncorrected) p99 {_ms(st.itl_uncorrected.get('p99_ms'))} ms"
+    lines.append(Text(more, style="dim"))
+    return lines
+
+
+def _slo_lines(load: Load) -> list[Text]:
+    slo = load.slo
+    assert slo is not None
+    t = Text()
+    t.append(f"SLO {slo.slo}: ", style="bold")
+    t.append("met" if slo.met else "missed", style="bold green" if slo.met else "bold red")
+    if slo.goodput_rps is not None:
+        t.append(f" · goodput {slo.goodput_rps:,.1f} requests/s")
+        if load.throughput_rps:
+            t.append(f" of {load.throughput_rps:,.1f} ({slo.goodput_rps / load.throughput_rps * 100:.0f}% met every objective)")
+    lines = [t]
+    for c in slo.checks:
+        if not c.met:
+            got = c.note or f"{_ms(c.value_ms)} ms"
+            lines.append(Text(f"  missed {c.objective}: {got}", style="red"))
     return lines
 
 
