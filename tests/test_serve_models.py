@@ -194,3 +194,14 @@ def test_the_image_example_decodes_batches_and_refuses_what_is_not_an_image():
         assert [x["label"] for x in mine] == [x["label"] for x in solo]
         assert all(abs(a["p"] - b["p"]) < 1e-3 for a, b in zip(mine, solo))
     assert bad.status_code == 422 and "image must be a base64-encoded PNG or JPEG" in bad.json()["error"]
+
+
+def test_similar_lengths_share_a_forward_and_one_long_item_does_not_pad_the_rest():
+    from servescope.serve.runtime import Runtime
+
+    inputs = [torch.ones(n) for n in (5, 100, 6, 98, 7)]
+    rt = Runtime(servescope.Model())
+    assert rt._groups(inputs) == [[0, 2, 4], [3, 1]]  # short with short, long with long
+    assert Runtime(servescope.Model(), max_batch_tokens=150)._groups(inputs) == [[0, 2, 4], [3], [1]]  # 2 x 100 > 150
+    assert rt._groups([torch.ones(3, 8, 8)] * 4) == [[0, 1, 2, 3]]  # one shape: one forward
+    assert rt._groups([{"text": "a"}, {"text": "b"}]) == [[0, 1]]  # no length: one forward

@@ -73,6 +73,7 @@ class ServeApp:
         *,
         max_batch_size: int = 8,
         max_wait_ms: float = 0.0,
+        max_batch_tokens: int | None = None,
         max_queue: int = 256,
         timeout_s: float = 30.0,
         max_body_bytes: int = 1 << 20,
@@ -102,6 +103,8 @@ class ServeApp:
         for name, value, low in (("max_batch_size", max_batch_size, 1), ("max_queue", max_queue, 1), ("max_body_bytes", max_body_bytes, 1)):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}")
+        if max_batch_tokens is not None and (not isinstance(max_batch_tokens, int) or max_batch_tokens < 1):
+            raise ConfigError(f"max_batch_tokens must be a whole number >= 1 (items x the longest), got {max_batch_tokens!r}")
         if not isinstance(max_wait_ms, (int, float)) or max_wait_ms < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
         if not isinstance(inline_below_ms, (int, float)) or inline_below_ms < 0:
@@ -133,7 +136,7 @@ class ServeApp:
             **({"max_connections": max_connections} if max_connections is not None else {}),
         )
         self._too_big = _error_body(f"request body over {max_body_bytes} bytes")
-        self.runtime = Runtime(model, device=device, threads=threads)
+        self.runtime = Runtime(model, device=device, threads=threads, max_batch_tokens=max_batch_tokens)
         self.batcher = Batcher(self.runtime.process, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         sizes = warmup_batch_sizes
         if sizes is None:  # powers of two up to the largest batch, and the largest itself
@@ -530,7 +533,10 @@ class ServeApp:
         if self.metrics is not None:  # (queue depth is read at scrape time)
             self.metrics.batch_size.observe(len(items))
         if futures and self._loop is not None:
-            self._loop.call_soon_threadsafe(_resolve, futures)
+            try:
+                self._loop.call_soon_threadsafe(_resolve, futures)
+            except RuntimeError:  # the loop is closed: a worker abandoned as stuck woke after the server stopped
+                pass
 
     async def _reply(
         self,

@@ -62,6 +62,21 @@ class Model:
 
         return collate(inputs, self.pad_values)
 
+    def length(self, item_input: Any) -> int | None:
+        """An item's length, for batching similar lengths together (None: do not group): by
+        default the last dimension of its ``input_ids`` (or first tensor) for a tokenizer's
+        output or a dict, the last dimension of a tensor or array, the length of a list of
+        numbers; a model whose inputs all have one shape is never split."""
+        x = item_input
+        if isinstance(x, Mapping):
+            x = x.get("input_ids", next(iter(x.values()), None))
+        shape = getattr(x, "shape", None)
+        if shape is not None:
+            return int(shape[-1]) if len(shape) else None
+        if isinstance(x, list) and x and isinstance(x[0], (int, float)):
+            return len(x)
+        return None
+
     def infer(self, batch: Any) -> Any:
         return self.model(**batch) if isinstance(batch, Mapping) else self.model(batch)
 

@@ -22,6 +22,8 @@ from .model import Model
 __all__ = ["Runtime", "collate", "split"]
 
 log = logging.getLogger("servescope")
+#: A forward whose padding would pass this share of it is split (length-aware batching).
+MAX_PADDING_SHARE = 0.25
 _WALL = resolve_clock("wall", None)  # the per-item hooks run on the host: no device clock, no sync
 
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
@@ -60,8 +62,9 @@ def serialize(result: Any, accept: str) -> bytes:
 class Runtime:
     """Loads the model once, warms it up, and processes batches for the Batcher."""
 
-    def __init__(self, model: Model, *, device: str | None = None, threads: int | None = None) -> None:
+    def __init__(self, model: Model, *, device: str | None = None, threads: int | None = None, max_batch_tokens: int | None = None) -> None:
         self.model = model
+        self.max_batch_tokens = max_batch_tokens
         self.requested_device = device
         self.requested_threads = threads
         self.device = "cpu"
@@ -153,7 +156,10 @@ class Runtime:
             except Exception as exc:
                 _fail(it, exc, 500, "preprocess")
         if live:
-            outputs = self._forward(live, inputs)
+            outputs: list[Any] = [None] * len(live)
+            for group in self._groups(inputs):  # similar lengths share a forward
+                for i, out in zip(group, self._forward([live[i] for i in group], [inputs[i] for i in group])):
+                    outputs[i] = out
             for it, out in zip(live, outputs):
                 if it.error is not None:
                     continue
@@ -176,6 +182,32 @@ class Runtime:
                     continue
                 finally:
                     it.durations["serialize"] = time.perf_counter_ns() - t
+
+    def _groups(self, inputs: list[Any]) -> list[list[int]]:
+        """The batch's items (their indexes) in forwards of similar length: sorted by length,
+        a forward ends where adding the next item would make padding more than
+        ``MAX_PADDING_SHARE`` of it, or its tokens (items x the longest) pass
+        ``max_batch_tokens``. Inputs without a length (or of one length) stay one forward."""
+        n = len(inputs)
+        if n < 2:
+            return [list(range(n))]
+        lengths = [self.model.length(x) for x in inputs]
+        if any(length is None for length in lengths) or len(set(lengths)) == 1 and not self.max_batch_tokens:
+            return [list(range(n))]
+        order = sorted(range(n), key=lambda i: lengths[i])  # type: ignore[arg-type, return-value]
+        groups: list[list[int]] = [[order[0]]]
+        useful = lengths[order[0]]
+        for i in order[1:]:
+            longest, size = lengths[i], len(groups[-1]) + 1  # sorted: the newcomer is the longest
+            padded = size * longest  # type: ignore[operator]
+            over_budget = self.max_batch_tokens is not None and padded > self.max_batch_tokens
+            if over_budget or padded - (useful + longest) > MAX_PADDING_SHARE * padded:  # type: ignore[operator]
+                groups.append([i])
+                useful = longest
+            else:
+                groups[-1].append(i)
+                useful += longest  # type: ignore[operator]
+        return groups
 
     def _forward(self, items: list[Item], inputs: list[Any]) -> list[Any]:
         """Collate, copy, forward, copy back and split; on failure retry one by one."""
