@@ -26,6 +26,25 @@ HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a server and every process it started (its session), by its PID."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+    time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
+    except ProcessLookupError:
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,7 +113,8 @@ def main() -> None:
     port = free_port()
     for name, cmd in commands(port).items():
         url = f"http://127.0.0.1:{port}/predict"
-        proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # a session of its own: LitServe's worker processes go with it (killpg), not on spinning
+        proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_ready(url, proc)
             wrk(url, 4, 2, str(script))  # warm-up
@@ -103,11 +123,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a benchmark row, not a crash
             rows.append((name, 0, {"skipped": str(exc)}))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_group(proc)
             time.sleep(1)
     print(f"MLP 256-2048-2048-10, wrk -t1, {args.seconds:g} s per row, loopback, {os.cpu_count()} CPUs")
     print(f"{'server':<40} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'non-2xx':>8}")

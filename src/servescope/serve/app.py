@@ -180,6 +180,8 @@ class ServeApp:
         """Start loading in the background: /health answers at once, /ready when warm."""
         self._loop = asyncio.get_running_loop()
         self.runtime.on_batch_done = self._deliver  # type: ignore[attr-defined]
+        if self.metrics is not None:  # items per forward (queue depth is read at scrape time)
+            self.runtime.on_forward = self.metrics.batch_size.observe
         if self.state == "starting":  # not loaded beforehand with load_now()
             threading.Thread(target=self.load_now, name="servescope-load", daemon=True).start()
 
@@ -530,8 +532,6 @@ class ServeApp:
     def _deliver(self, items: list[Item]) -> None:
         """From the worker thread: hand a finished batch back to the event loop, in one wake-up."""
         futures = [(it.future, it) for it in items if it.future is not None]
-        if self.metrics is not None:  # (queue depth is read at scrape time)
-            self.metrics.batch_size.observe(len(items))
         if futures and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(_resolve, futures)

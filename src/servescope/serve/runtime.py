@@ -74,8 +74,11 @@ class Runtime:
         #: postprocess(output, request): the hook takes the validated request too
         self._post_with_request = _takes_two(model.postprocess)
         self.info: dict[str, Any] = {}
-        #: called on the worker thread with each finished batch (the server resolves futures)
+        #: called on the worker thread with each forward's answered items, then the batch's
+        #: other items (the server resolves their futures)
         self.on_batch_done: Callable[[list[Item]], None] | None = None
+        #: called with the number of items of each forward (the server's batch-size histogram)
+        self.on_forward: Callable[[int], None] | None = None
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -123,16 +126,20 @@ class Runtime:
 
     # -- the batch ---------------------------------------------------------------------------
     def process(self, items: list[Item]) -> None:
+        """Run a batch; each forward's items are answered as soon as their forward and
+        postprocess are done (``on_batch_done`` once per forward, then once for the rest)."""
+        delivered: set[int] = set()
         try:
-            self._process(items)
+            self._process(items, delivered)
         except Exception as exc:  # a bug of ours or a hook's: fail the batch, keep the worker
             for it in items:
                 if it.body is None and it.error is None:
                     _fail(it, exc, 500)
-        if self.on_batch_done is not None:
-            self.on_batch_done(items)
+        rest = [it for it in items if id(it) not in delivered]
+        if rest and self.on_batch_done is not None:
+            self.on_batch_done(rest)
 
-    def _process(self, items: list[Item]) -> None:
+    def _process(self, items: list[Item], delivered: set[int]) -> None:
         start = time.perf_counter_ns()
         model = self.model
         inputs = []
@@ -155,33 +162,42 @@ class Runtime:
                 _fail(it, exc, 422 if bad_request else 500, "preprocess")
             except Exception as exc:
                 _fail(it, exc, 500, "preprocess")
-        if live:
-            outputs: list[Any] = [None] * len(live)
-            for group in self._groups(inputs):  # similar lengths share a forward
-                for i, out in zip(group, self._forward([live[i] for i in group], [inputs[i] for i in group])):
-                    outputs[i] = out
-            for it, out in zip(live, outputs):
-                if it.error is not None:
-                    continue
-                try:
-                    if self._post_with_request:
-                        result = _hook(it, "postprocess", model.postprocess, out, it.payload)
-                    else:
-                        result = _hook(it, "postprocess", model.postprocess, out)
-                except Exception as exc:
-                    _fail(it, exc, 500, "postprocess")
-                    continue
-                t = time.perf_counter_ns()
-                try:
-                    body = serialize(result, it.accept)
-                    if it.accept != "msgpack" and b"null" in body and _nonfinite(result):
-                        raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
-                    it.body = body
-                except Exception as exc:
-                    _fail(it, exc, 500, "serialize")
-                    continue
-                finally:
-                    it.durations["serialize"] = time.perf_counter_ns() - t
+        ready = time.perf_counter_ns()
+        for group in self._groups(inputs):  # similar lengths share a forward
+            members = [live[i] for i in group]
+            waited = time.perf_counter_ns() - ready  # for the batch's earlier forwards: queueing too
+            for it in members:
+                it.durations["queue"] = it.durations.get("queue", 0) + waited
+            if self.on_forward is not None:
+                self.on_forward(len(members))
+            for it, out in zip(members, self._forward(members, [inputs[i] for i in group])):
+                if it.error is None:
+                    self._answer(it, out)
+            if self.on_batch_done is not None:  # answered now, not after the batch's other forwards
+                delivered.update(id(it) for it in members)
+                self.on_batch_done(members)
+
+    def _answer(self, it: Item, out: Any) -> None:
+        """Postprocess and serialize one item's output into its body (or its error)."""
+        model = self.model
+        try:
+            if self._post_with_request:
+                result = _hook(it, "postprocess", model.postprocess, out, it.payload)
+            else:
+                result = _hook(it, "postprocess", model.postprocess, out)
+        except Exception as exc:
+            _fail(it, exc, 500, "postprocess")
+            return
+        t = time.perf_counter_ns()
+        try:
+            body = serialize(result, it.accept)
+            if it.accept != "msgpack" and b"null" in body and _nonfinite(result):
+                raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
+            it.body = body
+        except Exception as exc:
+            _fail(it, exc, 500, "serialize")
+        finally:
+            it.durations["serialize"] = time.perf_counter_ns() - t
 
     def _groups(self, inputs: list[Any]) -> list[list[int]]:
         """The batch's items (their indexes) in forwards of similar length: sorted by length,
@@ -190,7 +206,7 @@ class Runtime:
         ``max_batch_tokens``. Inputs without a length (or of one length) stay one forward."""
         n = len(inputs)
         if n < 2:
-            return [list(range(n))]
+            return [list(range(n))] if n else []
         lengths = [self.model.length(x) for x in inputs]
         if any(length is None for length in lengths) or len(set(lengths)) == 1 and not self.max_batch_tokens:
             return [list(range(n))]
