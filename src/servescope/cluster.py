@@ -147,7 +147,14 @@ class LoadGeneratorActor:
             self.loop = None
             loop.close()
         m = measure_from
-        shifted = [Result(r.scheduled_ns - m, r.sent_ns - m, r.done_ns - m, r.status, r.server_timing, r.error) for r in results]
+        shifted = [
+            r._replace(
+                scheduled_ns=r.scheduled_ns - m, sent_ns=r.sent_ns - m, done_ns=r.done_ns - m,
+                # a streamed response's head and chunk times move with the rest (#16: TTFT, ITL)
+                stream=None if r.stream is None else (r.stream[0], r.stream[1] - m, [t - m for t in r.stream[2]]),
+            )
+            for r in results
+        ]  # fmt: skip
         return {
             "results": shifted,
             "until": None if until is None else until - measure_from,
