@@ -138,5 +138,8 @@ def test_a_def_endpoint_with_pure_python_work_is_gil_bound_not_loop_blocked(tmp_
     assert p.returncode == 0, p.stdout + p.stderr
     found = {f["id"]: f for f in rep["findings"]}
     assert "event-loop-blocked" not in found, found.get("event-loop-blocked")
+    busy = rep["diagnosis"]["not_checked"].get("gil-contention", "")
+    if "busy with other processes" in busy:  # a shared machine: said, not guessed (the only other answer)
+        return
     assert "gil-contention" in found, (rep["diagnosis"]["evidence"]["concurrent"], list(found))
     assert "apps.py" in found["gil-contention"]["evidence"]["hot_spot"]

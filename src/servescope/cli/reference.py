@@ -49,7 +49,7 @@ def markdown() -> str:
         for action in sub._actions:
             if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
                 continue
-            out.append(f"| {_flags(action)} | {(action.help or '').replace('|', '/')} |")
+            out.append(f"| {_flags(action)} | {(action.help or '').replace('%%', '%').replace('|', '/')} |")
         if getattr(command, "EPILOG", None):
             out.append(f"\n{command.EPILOG[0].upper()}{command.EPILOG[1:]}.")
     return "\n".join(out) + "\n"

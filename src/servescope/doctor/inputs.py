@@ -14,7 +14,10 @@ from typing import Any, Iterator
 
 __all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "replicate", "vary"]
 
-_SAMPLE = 64  # values hashed per array: enough to tell inputs apart, cheap on big ones
+#: Inputs up to this many values are hashed whole (under a millisecond); bigger ones by a
+#: strided sample of ``_SAMPLE`` values (images differ everywhere, so a sample tells them apart).
+FULL_HASH_ITEMS = 1 << 16
+_SAMPLE = 4096
 
 
 def _is_tensor(x: Any) -> bool:
@@ -63,31 +66,45 @@ def pad_share(obj: Any) -> float | None:
     return None
 
 
+class _Unreadable(Exception):
+    """An input the doctor may not read (on a device: reading it would sync)."""
+
+
 def _sample_bytes(leaf: Any) -> bytes:
+    """Every value of an input up to ``FULL_HASH_ITEMS`` (token ids padded to 512 differ in a
+    few places only: a sample would miss them), a strided sample of bigger ones."""
     if _is_frame(leaf):
-        return repr((leaf.shape, list(leaf.columns)[:16], leaf.head(2).to_numpy().tolist())).encode()
+        import pandas as pd
+
+        rows = leaf if leaf.size <= FULL_HASH_ITEMS else leaf.iloc[:: max(1, len(leaf) // _SAMPLE)]
+        return repr((leaf.shape, list(leaf.columns)[:16])).encode() + pd.util.hash_pandas_object(rows, index=False).to_numpy().tobytes()
     if _is_tensor(leaf):
         if leaf.device.type != "cpu":
-            return b"device"  # reading it would sync: shape and dtype only
+            raise _Unreadable("on a device")
         flat = leaf.detach().reshape(-1)
-        sample = flat[:: max(1, flat.shape[0] // _SAMPLE)][:_SAMPLE]
-        if not sample.dtype.is_complex and sample.dtype.itemsize == 2 and sample.dtype.is_floating_point:
-            sample = sample.float()  # numpy has no bfloat16
-        return sample.numpy().tobytes()
+        if flat.shape[0] > FULL_HASH_ITEMS:
+            flat = flat[:: max(1, flat.shape[0] // _SAMPLE)][:_SAMPLE]
+        if not flat.dtype.is_complex and flat.dtype.itemsize == 2 and flat.dtype.is_floating_point:
+            flat = flat.float()  # numpy has no bfloat16
+        return flat.contiguous().numpy().tobytes()
     flat = leaf.reshape(-1)
-    step = max(1, flat.shape[0] // _SAMPLE)
-    return flat[::step][:_SAMPLE].tobytes()
+    if flat.shape[0] > FULL_HASH_ITEMS:
+        flat = flat[:: max(1, flat.shape[0] // _SAMPLE)][:_SAMPLE]
+    return flat.tobytes()
 
 
 def fingerprint(obj: Any) -> str | None:
-    """Shape, dtype and a hash of a sample of the values of every array among the inputs: the
-    same string for the same input, request after request (``repeated-work``)."""
+    """Shape, dtype and a hash of the values of every array among the inputs (all of them up
+    to ``FULL_HASH_ITEMS``): the same string for the same input, request after request
+    (``repeated-work``); None when there is no array, or one cannot be read (on a device)."""
     h = hashlib.blake2b(digest_size=8)
     seen = False
     for key, leaf in leaves(obj):
         try:
             h.update(repr((key, tuple(leaf.shape), str(getattr(leaf, "dtype", "")))).encode())
             h.update(_sample_bytes(leaf))
+        except _Unreadable:
+            return None  # equal shapes are not equal inputs: say nothing rather than guess
         except Exception:  # an exotic array type: its shape alone
             continue
         seen = True

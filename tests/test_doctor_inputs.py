@@ -1,0 +1,41 @@
+"""The doctor's view of a model call's inputs: what makes two requests' inputs the same."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from servescope.doctor.inputs import fingerprint
+
+
+def test_inputs_padded_to_512_that_differ_in_a_few_tokens_are_told_apart():
+    # two short sentences padded to 512: they differ only among the first few ids, which a
+    # strided sample of the tensor missed (a false repeated-work, CRITICAL, in a user's trial)
+    a = torch.zeros(2, 512, dtype=torch.long)
+    b = torch.zeros(2, 512, dtype=torch.long)
+    a[:, :6] = torch.tensor([101, 2023, 2003, 1037, 3231, 102])
+    b[:, :6] = torch.tensor([101, 2023, 2003, 2178, 3231, 102])
+    mask = (a != 0).long()
+    assert fingerprint({"input_ids": a, "attention_mask": mask}) != fingerprint({"input_ids": b, "attention_mask": mask})
+    assert fingerprint({"input_ids": a, "attention_mask": mask}) == fingerprint({"input_ids": a.clone(), "attention_mask": mask.clone()})
+
+
+def test_big_arrays_are_sampled_and_frames_hashed_beyond_their_first_rows():
+    import pandas as pd
+
+    img = np.random.default_rng(0).random((3, 256, 256), dtype=np.float32)  # over the whole-hash size
+    assert fingerprint(img) == fingerprint(img.copy()) != fingerprint(img + 1)
+    rows = pd.DataFrame({"x": range(100), "y": [0.5] * 100})
+    changed = rows.copy()
+    changed.loc[70, "y"] = 9.0  # beyond head(2), which was all that was read
+    assert fingerprint(rows) != fingerprint(changed)
+
+
+def test_an_input_that_cannot_be_read_is_never_called_the_same():
+    class OnDevice:  # a tensor on an accelerator: reading it would sync, so it is not read
+        __module__ = "torch"
+        shape = (1, 4)
+        dtype = "float32"
+        device = type("D", (), {"type": "cuda"})()
+
+    assert fingerprint({"x": OnDevice()}) is None
