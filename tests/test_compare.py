@@ -5,7 +5,7 @@ import pytest
 
 from servescope import Recorder
 from servescope.compare import Change, Comparison, compare, rank_sum_z
-from servescope.renderers.compare import render_compare
+from servescope.renderers.compare import ComparisonRenderer, render_compare
 from rich.console import Console
 
 
@@ -160,3 +160,24 @@ def test_fail_if_slower_names_the_figures_beyond_noise_and_over_the_threshold():
     assert {c.metric for c in slower.slower_than(0.10)} >= {"p50 latency ms", "mean latency ms"}
     assert slower.slower_than(0.5) == []
     assert compare(drifting(10.0, 10, 5), drifting(10.0, 10, 6)).slower_than(0.10) == []  # an unchanged server
+
+
+def test_what_cannot_be_told_is_said_with_the_numbers_needed():
+    short = compare(report(10.0, n=14, seed=1), report(10.0, n=14, seed=2))
+    assert all(c.significant is None for c in short.summary if c.ratio is not None and not c.higher_is_better)
+    [note] = short.notes
+    assert "can't tell for p50, p95, p99, mean" in note and "p50 150" in note and "14 and 14" in note
+    text = ComparisonRenderer().render(short)
+    assert "measure longer" in text
+
+
+def test_fail_if_slower_that_cannot_judge_fails_rather_than_passing_blind(tmp_path):
+    from servescope.cli import main
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    report(10.0, n=14, seed=1).save(a)
+    report(10.0, n=14, seed=2).save(b)
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "10%"]) == 3
+    report(10.0, n=400, seed=1).save(a)
+    report(10.0, n=400, seed=2).save(b)
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "10%"]) == 0

@@ -183,6 +183,31 @@ class Comparison:
         names = [str(r.meta.get("target") or r.meta.get("title") or "a report") for r in (self.before, self.after)]
         return f"{names[0]}: before and after" if names[0] == names[1] else f"{names[0]} vs {names[1]}"
 
+    @property
+    def notes(self) -> list[str]:
+        """What the table cannot say, and why: too few requests for an interval, a sweep of
+        which only the last level is compared."""
+        out = []
+        runs = [r.distributions.get("total") for r in (self.before, self.after)]
+        counts = [len(d) if d is not None and d.exact else 0 for d in runs]
+        untold = [c.metric.split(" ")[0] for c in self.summary if c.significant is None and c.ratio is not None and not c.higher_is_better]
+        if untold:
+            need = ", ".join(f"{k} {MIN_BLOCKS * BLOCK_SIZE[k]:,}" for k in untold if k in BLOCK_SIZE)
+            out.append(
+                f"can't tell for {', '.join(untold)}: an interval needs enough requests per run to cut into "
+                f"{MIN_BLOCKS} blocks ({need}); these runs have {counts[0]:,} and {counts[1]:,} successful "
+                "requests (kept as samples): measure longer"
+            )
+        for name, rep in (("before", self.before), ("after", self.after)):
+            if rep.sweep is not None and rep.sweep.rows:
+                levels = ", ".join(f"{r.mode}={r.level:g}" for r in rep.sweep.rows if r.level is not None)
+                out.append(f"{name} is a sweep ({levels}): compared here is its last level only")
+        return out
+
+    def untold(self) -> list[Change]:
+        """The latency figures whose change cannot be told (too few requests, no samples)."""
+        return [c for c in self.summary if not c.higher_is_better and c.significant is None and c.ratio is not None]
+
     def slower_than(self, share: float) -> list[Change]:
         """The latency figures slower by more than ``share`` (0.1: 10%) and beyond noise: what
         ``servescope compare --fail-if-slower 10%`` fails on."""

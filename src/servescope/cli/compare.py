@@ -8,8 +8,11 @@ from rich.console import Console
 
 NAME = "compare"
 HELP = "before/after table for two saved reports, each change with its 95% interval"
-EPILOG = "exit status: 0 compared, 1 --fail-if-slower and a latency figure slower by more than that, beyond noise, 2 bad arguments"
-EXIT_SLOWER = 1
+EPILOG = (
+    "exit status: 0 compared, 1 --fail-if-slower and a latency figure slower by more than that, beyond noise, "
+    "2 bad arguments, 3 --fail-if-slower and no latency figure could be judged (too few requests)"
+)
+EXIT_SLOWER, EXIT_CANNOT_TELL = 1, 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +53,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         Path(args.html).write_text(render_comparison_html(before, after, table))
         console.print(f"HTML saved to {args.html}")
     if args.fail_if_slower is not None:
+        if len(table.untold()) == sum(1 for c in table.summary if not c.higher_is_better and c.ratio is not None):
+            console.print("--fail-if-slower could not judge any latency figure (see above): failing, not passing blind")
+            return EXIT_CANNOT_TELL
         slower = table.slower_than(args.fail_if_slower)
         if slower:
             said = ", ".join(f"{c.metric.removesuffix(' ms')} {c.words} ({c.interval_words})" for c in slower)

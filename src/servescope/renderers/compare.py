@@ -49,6 +49,8 @@ class ComparisonRenderer:
             name = Text(f"{plain(stage_label(row.metric), one_line=True)} (mean ms)")
             t.add_row(name, _fmt(row.before), _fmt(row.after), row.words, row.interval_words, _sig(row))
         parts: list[Any] = [t]
+        for note in comparison.notes:
+            parts.append(Text(plain(note), style="yellow"))
         if len(stages) > MAX_STAGES_SHOWN:
             parts.append(Text(f"{len(stages) - MAX_STAGES_SHOWN:,} more stages not shown", style="yellow"))
         return console_text(parts, console=self.console, width=self.width)
