@@ -35,14 +35,14 @@ def _verdict(report: Report) -> list[Any]:
     if v is None or v.diagnosed:
         return []
     out: list[Any] = [Text("Could not diagnose this endpoint: " + (v.reason or "no request succeeded"), style="bold red")]
+    if v.hint:  # what to do, right under the headline
+        out.append(Padding(Text(v.hint, style="bold"), (0, 0, 0, 4)))
     failures = v.failures
     if failures:
         kinds = ", ".join(f"{k}: {n}" for k, n in sorted(failures.items(), key=lambda kv: -kv[1]))
         out.append(Padding(Text(f"failed requests by kind: {kinds}"), (0, 0, 0, 4)))
     if v.routes:
         out.append(Padding(Text("the app's routes: " + ", ".join(v.routes)), (0, 0, 0, 4)))
-    if v.hint:
-        out.append(Padding(Text(v.hint, style="bold"), (0, 0, 0, 4)))
     lines = diagnosis.endpoint_output
     if lines:
         out.append(Padding(Text("the endpoint's last output:\n" + "\n".join(lines), style="dim"), (0, 0, 0, 4)))

@@ -70,6 +70,16 @@ class _Collector:
             self.by_id.clear()
 
 
+def _one_line(body: bytes, limit: int = 160) -> str:
+    """An error answer's body as one short line: an HTML page's text without its tags."""
+    text = body[:4096].decode("utf-8", "replace")
+    if text.lstrip()[:1] == "<":
+        text = re.sub(r"<title>.*?</title>", " ", text, flags=re.S | re.I)
+        text = re.sub(r"<[^>]*>", " ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class _HTTPEndpoint:
     """What the ASGI and WSGI targets share: the client side."""
 
@@ -109,7 +119,7 @@ class _HTTPEndpoint:
             data = resp.read()
             status = resp.status
             if status >= 400:
-                err = f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}"
+                err = f"HTTP {status}: {_one_line(data)}"
         except socket.timeout:
             err = f"timeout: no answer within {timeout_s:.3g} s"
         except (OSError, http.client.HTTPException) as exc:
