@@ -206,3 +206,16 @@ def test_report_diagnose_says_why_it_cannot(tmp_path, clock, capsys):
     path.write_text(json.dumps(undiagnosed))
     assert main(["report", str(path), "--diagnose"]) == 3  # never a clean bill for a run that measured nothing
     assert main(["report", str(bench), "--fail-on", "high"]) == 2  # --fail-on judges findings: it needs --diagnose
+
+
+def test_a_port_in_use_is_refused_before_anything_loads(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for command in (["instrument", "nowhere.py:app"], ["serve", "nowhere.py:Model"]):
+            assert main([*command, "--port", str(port)]) == 2  # not "nowhere.py does not exist": the port first
+            err = capsys.readouterr().err
+            assert f"cannot listen on 127.0.0.1:{port}" in err and len(err.strip().splitlines()) == 1

@@ -162,6 +162,20 @@ def add_listen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", metavar="PORT", type=port, default=8000, help="port to listen on (default 8000)")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse at once (before loading a model for a minute) a port something else listens on."""
+    import socket
+
+    from ..exceptions import ConfigError
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server there? pick --port)") from None
+
+
 # -- output -------------------------------------------------------------------------------------
 
 

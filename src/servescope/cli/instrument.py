@@ -30,6 +30,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
     from ..serve.limits import HttpLimits
 
+    common.check_port_free(args.host, args.port)
     app = load_target(args.target)
     Probes().install()  # for the life of the process
     interface = "auto" if is_asgi(app) else "wsgi"

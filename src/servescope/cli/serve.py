@@ -51,6 +51,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         args.ray = args.ray_address
     if args.ray is None and args.replicas is not None:
         raise ConfigError("--replicas goes with --ray")
+    if args.ray is None:  # on Ray, the port is its proxy's, which may already be up
+        common.check_port_free(args.host, args.port)
     obj = load_target(args.target)
     options = {
         k: v
