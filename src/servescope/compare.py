@@ -152,9 +152,9 @@ class Change:
         if ends[0] == ends[1]:
             return ends[0]
         (a, word_a), (b, word_b) = (e.split(" ", 1) for e in ends)
-        if word_a == word_b and a[-1] == b[-1] and a[-1] in "x%":  # "1.71x-1.97x faster"
-            lo, hi = sorted((a, b), key=lambda x: float(x[:-1]))
-            return f"{lo}-{hi} {word_a}"
+        if word_a == word_b and a[-1] in "x%" and b[-1] in "x%":  # "1.71x-1.97x faster", "2.2% to 1.26x faster"
+            lo, hi = sorted((a, b), key=lambda x: float(x[:-1]) if x[-1] == "x" else 1 + float(x[:-1]) / 100)
+            return f"{lo}-{hi} {word_a}" if lo[-1] == hi[-1] else f"{lo} to {hi} {word_a}"
         return f"{ends[0]} to {ends[1]}"
 
 

@@ -62,5 +62,7 @@ def render_compare(table: Comparison, *, console: Console, before: str = "before
 
 
 def _sig(row: Change) -> str:
+    if row.ratio is None:  # in one report only: nothing to compare
+        return "-"
     s = row.significant
     return "can't tell" if s is None else ("yes" if s else "no")

@@ -284,7 +284,7 @@ def _comparison_page(comparison: Comparison, doctor: Report | None) -> str:
     labelled = [(row.metric, row) for row in comparison.summary]
     labelled += [(stage_label(row.metric) + " (mean ms)", row) for row in comparison.stages]
     for label, row in labelled:
-        sig = "can't tell" if row.significant is None else ("yes" if row.significant else "no")
+        sig = "-" if row.ratio is None else "can't tell" if row.significant is None else ("yes" if row.significant else "no")
         rows.append(
             f"<tr><td>{html.escape(label)}</td><td>{_f(row.before)}</td><td>{_f(row.after)}</td>"
             f"<td>{html.escape(row.words)}</td><td>{html.escape(row.interval_words)}</td><td>{sig}</td></tr>"
