@@ -1,6 +1,5 @@
 """servescope.serve on all-MiniLM-L6-v2: tokenizer per request, padded batches, pooling in infer."""
 
-import torch
 from minilm import load, pool, texts
 
 import servescope
