@@ -9,6 +9,7 @@ batch probe replays them at another batch size (the first row, replicated).
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Mapping
 from typing import Any, Iterator
 
@@ -74,8 +75,7 @@ def _sample_bytes(leaf: Any) -> bytes:
     """Every value of an input up to ``FULL_HASH_ITEMS`` (token ids padded to 512 differ in a
     few places only: a sample would miss them), a strided sample of bigger ones."""
     if _is_frame(leaf):
-        import pandas as pd
-
+        pd = sys.modules["pandas"]  # a frame's own library: already loaded, never a dependency of ours
         rows = leaf if leaf.size <= FULL_HASH_ITEMS else leaf.iloc[:: max(1, len(leaf) // _SAMPLE)]
         return repr((leaf.shape, list(leaf.columns)[:16])).encode() + pd.util.hash_pandas_object(rows, index=False).to_numpy().tobytes()
     if _is_tensor(leaf):
