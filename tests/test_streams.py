@@ -77,6 +77,19 @@ def test_sse_counts_events_with_data_wherever_the_reads_split_them(clock):
     assert r.stream == (SSE, 1 * MS, [100 * MS, 150 * MS, 170 * MS])
 
 
+def test_an_openai_stream_end_marker_is_not_a_token(clock):
+    [r] = conn_receiving(
+        [
+            (1, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            (100, chunk(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n')),
+            (120, chunk(b"data: [DO")),  # the marker split across reads
+            (125, chunk(b"NE]\n\n") + b"0\r\n\r\n"),
+        ],
+        clock,
+    )
+    assert r.stream == (SSE, 1 * MS, [100 * MS])
+
+
 def test_a_plain_response_keeps_no_stream(clock):
     [r] = conn_receiving([(5, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}")], clock)
     assert r.stream is None and r.done_ns == 5 * MS

@@ -242,7 +242,7 @@ class _Conn(asyncio.Protocol):
         if self.sse_rest:
             body = self.sse_rest + body
         lines = body.split(b"\n")
-        self.sse_rest = lines.pop()[:6]
+        self.sse_rest = lines.pop()[:13]  # enough of a split line to tell "data:" (and "data: [DONE]")
         now = 0
         for line in lines:
             if not line or line == b"\r":
@@ -250,7 +250,8 @@ class _Conn(asyncio.Protocol):
                     self.sse_data = False
                     self.chunks.append(now or (now := time.perf_counter_ns()))  # type: ignore[union-attr]
             elif line[:5] == b"data:" or line.rstrip(b"\r") == b"data":
-                self.sse_data = True
+                if line[5:].strip() != b"[DONE]":  # OpenAI's end-of-stream marker: not a token
+                    self.sse_data = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         n = len(name)
