@@ -26,6 +26,7 @@ from ..exceptions import ConfigError, InvalidPayload
 from ..recorder import Recorder
 from ..report import Report
 from ..servertiming import format_ns
+from .asgi import Metrics, disconnected, error_body, expire, read_too_slow, resolve, respond
 from .batching import Batcher, Item
 from .limits import HttpLimits
 from .model import Model
@@ -40,13 +41,6 @@ EXIT_STUCK = 70
 #: Workers replaced (``on_stuck="replace"``) before the watchdog gives up and fails /ready for good:
 #: each stuck thread holds what it held, and a model that hangs every worker will hang the next.
 MAX_REPLACEMENTS = 3
-
-_JSON = [(b"content-type", b"application/json")]
-
-
-def _error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message})
-
 
 def invalid_payload(exc: BaseException, debug: bool = False) -> str:
     """What a 422 says: the field, where the exception names one (a missing key), never the
@@ -135,7 +129,7 @@ class ServeApp:
             header_timeout_s=header_timeout_s,
             **({"max_connections": max_connections} if max_connections is not None else {}),
         )
-        self._too_big = _error_body(f"request body over {max_body_bytes} bytes")
+        self._too_big = error_body(f"request body over {max_body_bytes} bytes")
         self.runtime = Runtime(model, device=device, threads=threads, max_batch_tokens=max_batch_tokens)
         self.batcher = Batcher(self.runtime.process, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         sizes = warmup_batch_sizes
@@ -148,7 +142,7 @@ class ServeApp:
         # proxy before it); with merged_metrics, /metrics is built from that merged report too
         self.report_source = report_source or (lambda: self.recorder.report(tool="servescope serve"))
         self.merged_metrics = bool(merged_metrics)
-        self.metrics = _Metrics.create(self.report_source if self.merged_metrics else self.recorder)
+        self.metrics = Metrics.create(self.report_source if self.merged_metrics else self.recorder)
         self.timing_suffix = timing_suffix
         # GET /report is built (off the loop) at most once per interval; scrapes in between, and
         # those while one is being built, share that body: scraping it cannot starve /predict
@@ -327,11 +321,11 @@ class ServeApp:
             method = scope["method"]
             if path == "/predict":
                 if method != "POST":
-                    await _respond(send, 405, _error_body("use POST /predict with a JSON body"), [(b"allow", b"POST")])
+                    await respond(send, 405, error_body("use POST /predict with a JSON body"), [(b"allow", b"POST")])
                 else:
                     await self._predict(scope, receive, send)
             elif path == "/health":
-                await _respond(send, 200, orjson.dumps({"status": "alive", "state": self.state}))
+                await respond(send, 200, orjson.dumps({"status": "alive", "state": self.state}))
             elif path == "/ready":
                 ok = self.state == "ready"
                 body: dict[str, Any] = {"ready": ok, "state": self.state}
@@ -340,18 +334,18 @@ class ServeApp:
                 if self.stuck:  # the last stuck batch, also once a new worker took over
                     body["stuck"] = self.stuck
                     body["worker_replacements"] = self.batcher.replacements
-                await _respond(send, 200 if ok else 503, orjson.dumps(body))
+                await respond(send, 200 if ok else 503, orjson.dumps(body))
             elif path == "/metrics":
                 await self._serve_metrics(send)
             elif path == "/report":
                 try:
                     body = await self._report_body()
                 except Exception as exc:  # a Ray collector out of reach: say so, keep serving
-                    await _respond(send, 503, _error_body(f"no report now: {type(exc).__name__}: {exc}"))
+                    await respond(send, 503, error_body(f"no report now: {type(exc).__name__}: {exc}"))
                 else:
-                    await _respond(send, 200, body)
+                    await respond(send, 200, body)
             else:
-                await _respond(send, 404, _error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics, /report"))
+                await respond(send, 404, error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics, /report"))
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -373,7 +367,7 @@ class ServeApp:
         if self.state != "ready":
             status = 500 if self.state == "failed" else 503
             why = f" ({self.failure})" if self.failure and self.debug_errors else (": start-up failed, see the server log" if self.failure else "")
-            await self._reply(send, status, _error_body(f"not ready: {self.state}{why}"), t0, {}, retry=status == 503)
+            await self._reply(send, status, error_body(f"not ready: {self.state}{why}"), t0, {}, retry=status == 503)
             return
         # receive, with a size limit: a declared length over it is refused before reading a
         # byte, a body that grows past it as soon as it does; either way the connection is
@@ -391,7 +385,7 @@ class ServeApp:
         # this task's wait for it, not a wrapper task per read (this is every request's path)
         task = asyncio.current_task()
         expired: list[bool] = []
-        late = self._loop.call_later(self.body_timeout_s, _read_too_slow, task, expired) if task and self._loop else None
+        late = self._loop.call_later(self.body_timeout_s, read_too_slow, task, expired) if task and self._loop else None
         try:
             while more:
                 message = await receive()
@@ -409,7 +403,7 @@ class ServeApp:
                 task.uncancel()  # type: ignore[union-attr]
             late = None
             msg = f"request body not received within {self.body_timeout_s:g} s"
-            await self._reply(send, 408, _error_body(msg), t0, {}, close=True)
+            await self._reply(send, 408, error_body(msg), t0, {}, close=True)
             return
         finally:
             if late is not None:
@@ -420,7 +414,7 @@ class ServeApp:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             durations["validate"] = now() - t1
-            await self._reply(send, 400, _error_body(f"request body is not valid JSON: {exc}"), t0, durations)
+            await self._reply(send, 400, error_body(f"request body is not valid JSON: {exc}"), t0, durations)
             return
         if not self.inline_below_ns:  # the default: Model.validate runs on the worker, off the loop
             durations["validate"] = now() - t1  # (parsing; the worker adds validate's own time)
@@ -476,12 +470,12 @@ class ServeApp:
         if unvalidated:
             item.durations["validate"] = durations.pop("validate", 0)
         if not self.batcher.submit(item):
-            await self._reply(send, 503, _error_body("server busy: the queue is full, retry later"), t0, durations, retry=True)
+            await self._reply(send, 503, error_body("server busy: the queue is full, retry later"), t0, durations, retry=True)
             return
         watcher = None
         try:
             if self.batcher.busy or self.batcher.depth() > 1:  # it will wait: free its slot if the client leaves
-                watcher = asyncio.ensure_future(_disconnected(receive))
+                watcher = asyncio.ensure_future(disconnected(receive))
                 done, _ = await asyncio.wait({future, watcher}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
                 if future not in done:
                     item.cancelled = True
@@ -490,14 +484,14 @@ class ServeApp:
                     raise asyncio.TimeoutError
             else:
                 # one timer instead of wait_for's wrapper future: this is every request's path
-                timer = loop.call_later(self.timeout_s, _expire, future)
+                timer = loop.call_later(self.timeout_s, expire, future)
                 try:
                     await future
                 finally:
                     timer.cancel()
         except asyncio.TimeoutError:
             item.cancelled = True
-            await self._reply(send, 504, _error_body(f"no answer within {self.timeout_s:g} s"), t0, durations)
+            await self._reply(send, 504, error_body(f"no answer within {self.timeout_s:g} s"), t0, durations)
             return
         finally:
             if watcher is not None:
@@ -534,7 +528,7 @@ class ServeApp:
         futures = [(it.future, it) for it in items if it.future is not None]
         if futures and self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(_resolve, futures)
+                self._loop.call_soon_threadsafe(resolve, futures)
             except RuntimeError:  # the loop is closed: a worker abandoned as stuck woke after the server stopped
                 pass
 
@@ -560,80 +554,17 @@ class ServeApp:
             headers.append((b"x-request-id", request_id.encode()))
         if close:
             headers.append((b"connection", b"close"))
-        await _respond(send, status, body, headers)
+        await respond(send, status, body, headers)
         error = None if status < 400 else f"HTTP {status}"
         self.recorder.record_ns(durations, total, error)  # /metrics is computed from it
 
     async def _serve_metrics(self, send: Any) -> None:
         if self.metrics is None:
-            await _respond(send, 501, _error_body("metrics need prometheus-client: pip install 'servescope[prometheus]'"))
+            await respond(send, 501, error_body("metrics need prometheus-client: pip install 'servescope[prometheus]'"))
             return
         self.metrics.queue_depth.set(self.batcher.depth())
         if self.merged_metrics:  # reading the other workers' figures: off the loop
             body, ctype = await asyncio.get_running_loop().run_in_executor(None, self.metrics.exposition)
         else:
             body, ctype = self.metrics.exposition()
-        await _respond(send, 200, body, [(b"content-type", ctype.encode())])
-
-
-def _read_too_slow(task: asyncio.Task[Any], expired: list[bool]) -> None:
-    expired.append(True)  # (so the reader can tell this cancel of ours from the server's)
-    task.cancel()
-
-
-def _expire(future: asyncio.Future[Item]) -> None:
-    if not future.done():
-        future.set_exception(asyncio.TimeoutError())
-
-
-def _resolve(pairs: list[tuple[asyncio.Future[Item], Item]]) -> None:
-    for future, item in pairs:
-        if not future.done():
-            future.set_result(item)
-
-
-async def _disconnected(receive: Any) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = headers if headers is not None else _JSON
-    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class _Metrics:
-    """The runtime's Prometheus metrics: stages and statuses from the recorder at scrape time
-    (nothing per request), batch sizes per batch, queue depth at scrape."""
-
-    def __init__(self, recorder: Recorder | Callable[[], Report]) -> None:
-        import prometheus_client as prom
-
-        from ..exporters import RecorderCollector
-
-        self._prom = prom
-        self.registry = prom.CollectorRegistry()
-        self.registry.register(RecorderCollector(recorder))
-        self.batch_size = prom.Histogram(
-            "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
-        )
-        self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=self.registry)
-        self.replacements = prom.Counter(
-            "servescope_worker_replacements", "Workers replaced after a batch outlived batch_timeout_s", registry=self.registry
-        )
-        # resident memory, CPU time and open files of this process (Linux): growth per request
-        # is process_resident_memory_bytes over servescope_requests_total
-        prom.ProcessCollector(registry=self.registry)
-
-    @classmethod
-    def create(cls, recorder: Recorder | Callable[[], Report]) -> _Metrics | None:
-        try:
-            return cls(recorder)
-        except ImportError:
-            return None
-
-    def exposition(self) -> tuple[bytes, str]:
-        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
+        await respond(send, 200, body, [(b"content-type", ctype.encode())])

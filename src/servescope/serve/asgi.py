@@ -1,0 +1,84 @@
+"""The runtime's HTTP plumbing: answering, deadlines on futures and reads, a client that
+leaves, and the Prometheus metrics (serve/app.py is the runtime; this is what it sends with)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import orjson
+
+from ..recorder import Recorder
+from ..report import Report
+from .batching import Item
+
+__all__ = ["Metrics", "disconnected", "error_body", "expire", "read_too_slow", "resolve", "respond"]
+
+JSON = [(b"content-type", b"application/json")]
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def read_too_slow(task: asyncio.Task[Any], expired: list[bool]) -> None:
+    expired.append(True)  # (so the reader can tell this cancel of ours from the server's)
+    task.cancel()
+
+
+def expire(future: asyncio.Future[Item]) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())
+
+
+def resolve(pairs: list[tuple[asyncio.Future[Item], Item]]) -> None:
+    for future, item in pairs:
+        if not future.done():
+            future.set_result(item)
+
+
+async def disconnected(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = headers if headers is not None else JSON
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Metrics:
+    """The runtime's Prometheus metrics: stages and statuses from the recorder at scrape time
+    (nothing per request), batch sizes per batch, queue depth at scrape."""
+
+    def __init__(self, recorder: Recorder | Callable[[], Report]) -> None:
+        import prometheus_client as prom
+
+        from ..exporters import RecorderCollector
+
+        self._prom = prom
+        self.registry = prom.CollectorRegistry()
+        self.registry.register(RecorderCollector(recorder))
+        self.batch_size = prom.Histogram(
+            "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
+        )
+        self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=self.registry)
+        self.replacements = prom.Counter(
+            "servescope_worker_replacements", "Workers replaced after a batch outlived batch_timeout_s", registry=self.registry
+        )
+        # resident memory, CPU time and open files of this process (Linux): growth per request
+        # is process_resident_memory_bytes over servescope_requests_total
+        prom.ProcessCollector(registry=self.registry)
+
+    @classmethod
+    def create(cls, recorder: Recorder | Callable[[], Report]) -> Metrics | None:
+        try:
+            return cls(recorder)
+        except ImportError:
+            return None
+
+    def exposition(self) -> tuple[bytes, str]:
+        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
