@@ -14,56 +14,16 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from _servers import free_port, stop_group, wait_ready  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop a server and every process it started (its session), by its PID."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-    time.sleep(0.5)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
-    except ProcessLookupError:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    body = json.dumps({"x": [0.1] * 256}).encode()
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}")
-        try:
-            req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-            if urllib.request.urlopen(req, timeout=2).status == 200:
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("not ready in time")
 
 
 def commands(port: int) -> dict[str, list[str]]:
@@ -116,7 +76,7 @@ def main() -> None:
         # a session of its own: LitServe's worker processes go with it (killpg), not on spinning
         proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            wait_ready(url, proc)
+            wait_ready(url, body.read_bytes(), proc)
             wrk(url, 4, 2, str(script))  # warm-up
             for c in (1, 16):
                 rows.append((name, c, wrk(url, c, args.seconds, str(script))))

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,48 +25,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from _servers import free_port, stop_group, wait_ready  # bench/ is on the path: run as a script
+
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
 sys.path.insert(0, str(SERVERS))
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop a server and every process it started (its session), by its PID."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-    time.sleep(0.5)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
-    except ProcessLookupError:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, body: bytes, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}")
-        try:
-            req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-            if urllib.request.urlopen(req, timeout=5).status == 200:
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError("not ready in time")
 
 
 def bench(url: str, bodies: list[Path], c: int, seconds: float, out: Path) -> dict:

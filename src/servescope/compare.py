@@ -190,7 +190,7 @@ class Comparison:
         out = []
         runs = [r.distributions.get("total") for r in (self.before, self.after)]
         counts = [len(d) if d is not None and d.exact else 0 for d in runs]
-        untold = [c.metric.split(" ")[0] for c in self.summary if c.significant is None and c.ratio is not None and not c.higher_is_better]
+        untold = [c.metric.split(" ")[0] for c in self.untold()]
         if untold:
             need = ", ".join(f"{k} {MIN_BLOCKS * BLOCK_SIZE[k]:,}" for k in untold if k in BLOCK_SIZE)
             out.append(

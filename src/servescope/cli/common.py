@@ -104,20 +104,15 @@ def port(text: str) -> int:
 
 
 class Deprecated(argparse.Action):
-    """An old spelling kept for one release: it works as before and says, once, what to use."""
+    """An old spelling kept for one release: it stores its value as before and says what to use."""
 
-    def __init__(self, option_strings: list[str], dest: str, *, new: str, inner: str = "store", **kwargs: Any):
-        self.new, self.inner = new, inner
-        if inner == "store_true":
-            kwargs.update(nargs=0)
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any):
+        self.new = new
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
         sys.stderr.write(f"servescope: {option_string} is deprecated and will be removed: use {self.new}\n")
-        if self.inner == "append":
-            setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
-        else:
-            setattr(namespace, self.dest, True if self.inner == "store_true" else values)
+        setattr(namespace, self.dest, values)
 
 
 # -- option groups: the same flag, the same meaning, in every command that takes it -------------
@@ -129,8 +124,8 @@ def add_body(parser: argparse.ArgumentParser, *, many: bool, old: str | None = N
         parser.add_argument("--body", metavar="FILE", action="append", default=[], help="request body from a file; repeat to cycle several")
     else:
         parser.add_argument("--body", metavar="FILE", help="the JSON request body, from a file (a handler gets it parsed)")
-    if old:
-        parser.add_argument(old, dest="body", metavar="FILE", action=Deprecated, new="--body", inner="append" if many else "store", help=argparse.SUPPRESS)
+    if old:  # (one body: a repeatable old spelling would need to append)
+        parser.add_argument(old, dest="body", metavar="FILE", action=Deprecated, new="--body", help=argparse.SUPPRESS)
 
 
 def add_timeout(parser: argparse.ArgumentParser, *, default: float | None, what: str = "per-request timeout") -> None:

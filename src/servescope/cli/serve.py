@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from ..exceptions import ConfigError
     from ..loader import load_target
-    from ..serve import Model, ServeApp, as_app
+    from ..serve import ServeApp, as_app, model_of
 
     if args.ray_address is not None:  # the old spelling: --ray --ray-address ADDRESS
         if args.ray is None:
@@ -85,8 +85,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.ray is not None:
         from ..serve.ray_serve import run as run_on_ray
 
-        model = obj() if isinstance(obj, type) and issubclass(obj, Model) else obj
-        if not isinstance(model, Model):
+        model = model_of(obj)
+        if model is None:
             raise ConfigError("--ray deploys a servescope.Model (each replica builds its own app): point at the Model class")
         run_on_ray(model, replicas=args.replicas or 1, host=args.host, port=args.port, address=args.ray, **options)
         return 0

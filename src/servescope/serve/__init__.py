@@ -22,7 +22,7 @@ from typing import Any
 from .app import ServeApp
 from .model import Model
 
-__all__ = ["Model", "ServeApp", "as_app", "serve"]
+__all__ = ["Model", "ServeApp", "as_app", "model_of", "serve"]
 
 
 def serve(model: Model, **options: Any) -> ServeApp:
@@ -37,12 +37,18 @@ def as_app(obj: Any, *, name: str = "", **options: Any) -> ServeApp:
     from ..exceptions import ConfigError
 
     name = name or type(obj).__name__
-    if isinstance(obj, type) and issubclass(obj, Model):
-        obj = obj()
-    if isinstance(obj, Model):
-        return serve(obj, **options)
-    if isinstance(obj, ServeApp):
-        if options:
-            raise ConfigError(f"{name} is already a serve() app: set its options in the file, not here")
-        return obj
-    raise ConfigError(f"{name} is {type(obj).__name__}, not a servescope.Model subclass or a serve() app")
+    model = model_of(obj)
+    if model is not None:
+        return serve(model, **options)
+    if not isinstance(obj, ServeApp):
+        raise ConfigError(f"{name} is {type(obj).__name__}, not a servescope.Model subclass or a serve() app")
+    if options:
+        raise ConfigError(f"{name} is already a serve() app: set its options in the file, not here")
+    return obj
+
+
+def model_of(obj: Any) -> Model | None:
+    """The ``Model`` that ``path:NAME`` names (a subclass built with no arguments, or an
+    instance), or None when it names something else."""
+    model = obj() if isinstance(obj, type) and issubclass(obj, Model) else obj
+    return model if isinstance(model, Model) else None

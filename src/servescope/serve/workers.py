@@ -27,9 +27,9 @@ from typing import Any
 from ..environment import available_cpus
 from ..exceptions import ConfigError
 from ..report import Report
+from . import model_of
 from .app import ServeApp
 from .limits import ENV_HEADER_BYTES, ENV_HEADER_TIMEOUT, HttpLimits, limited_httptools
-from .model import Model
 
 __all__ = ["run_workers", "worker_app"]
 
@@ -76,8 +76,8 @@ def worker_app() -> ServeApp:
     target, shared = os.environ[ENV_TARGET], Path(os.environ[ENV_DIR])
     options = json.loads(os.environ[ENV_OPTIONS])
     obj = load_target(target)
-    model = obj() if isinstance(obj, type) and issubclass(obj, Model) else obj
-    if not isinstance(model, Model):
+    model = model_of(obj)
+    if model is None:
         raise ConfigError(f"--workers builds one app per worker from a servescope.Model: {target} is {type(obj).__name__}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("servescope").setLevel(logging.INFO)

@@ -1,0 +1,50 @@
+"""Starting and stopping the servers a benchmark compares (bench/serve_compare.py,
+bench/serve_models.py): loopback only, each stopped with every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, body: bytes, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until a POST of ``body`` answers 200 (or the server exits, or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        try:
+            req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            if urllib.request.urlopen(req, timeout=5).status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("not ready in time")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a server started with ``start_new_session=True`` and every process it started (its
+    session), by its PID: LitServe's workers outlive a plain terminate() and keep spinning."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+    time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
+    except ProcessLookupError:
+        pass
