@@ -78,3 +78,160 @@ def test_the_renderers_do_not_load_the_load_generator():
     code = "import sys, servescope.renderers, servescope.renderers.progress; print('servescope.loadgen' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# -- the HTML page's pictures (renderers/charts.py) -------------------------------------------
+import math  # noqa: E402
+import re  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from servescope.bench import results_report  # noqa: E402
+from servescope.loadgen import SSE, Result  # noqa: E402
+from servescope.renderers.charts import Axis, end_labels, histogram_bins  # noqa: E402
+from servescope.slo import SLO  # noqa: E402
+from servescope.stats import Distribution  # noqa: E402
+
+MS = 1_000_000
+TICK = re.compile(r"^\d+(\.\d+)?( ms| s| req/s|%)?$")
+
+
+def svgs(page: str) -> dict[str, ET.Element]:
+    """The page's charts by their aria-label, parsed as XML (a chart that is not well-formed fails here)."""
+    out = {}
+    for text in re.findall(r"<svg .*?</svg>", page, re.S):
+        svg = ET.fromstring(text)
+        out[svg.get("aria-label")] = svg
+    return out
+
+
+def points(svg: ET.Element, name: str) -> list[tuple[float, float]]:
+    group = next(g for g in svg.iter("g") if g.get("data-name") == name)
+    return [tuple(map(float, p.split(","))) for line in group.iter("polyline") for p in line.get("points").split()]
+
+
+def ticks(svg: ET.Element, kind: str) -> list[tuple[str, float]]:
+    return [(t.text, float(t.get("x" if kind == "xtick" else "y"))) for t in svg.iter("text") if t.get("class") == kind]
+
+
+def stalled_stream_run():
+    """10 s at 100/s of streamed answers; a 1 s stall at t=4 s; every 50th request fails."""
+    results = []
+    for k in range(1000):
+        due = k * 10 * MS
+        release = 5000 * MS if 4000 * MS <= due < 5000 * MS else due
+        toks = [release + (5 + 3 * j) * MS for j in range(5)]
+        results.append(Result(due, due, toks[-1] + 1 * MS, 503 if k % 50 == 7 else 200, None, None, (SSE, due + 2 * MS, toks)))
+    return results_report(results, measure_from_ns=0, measure_until_ns=10_000 * MS, open_loop=True,
+                          slo=SLO.parse("p99<500ms,ttft_p95<100ms"), meta={"title": "stalled"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[5.0], [3.0] * 40, list(np.linspace(20, 28, 7)), list(np.random.default_rng(1).lognormal(3, 0.4, 2500)),
+     [2.0] * 950 + list(np.linspace(10, 1000, 50)), list(np.random.default_rng(2).exponential(30, 20_000))],
+    ids=["one", "all-equal", "seven", "lognormal", "stall-tail", "exponential"],
+)  # fmt: skip
+def test_histogram_counts_are_whole_and_add_up_to_the_samples_in_bins_that_suit_their_number(values):
+    d = Distribution()
+    d.extend(values)
+    edges, counts, _ = histogram_bins(d)
+    assert all(type(c) is int and c >= 0 for c in counts) and sum(counts) == len(values)
+    assert len(edges) == len(counts) + 1 and list(edges) == sorted(edges)
+    assert edges[0] <= min(values) and edges[-1] >= max(values)
+    assert 1 <= len(counts) <= min(60, math.ceil(math.sqrt(len(values))))
+    if len(values) >= 2000:
+        assert len(counts) >= 20  # many samples: enough bars to see a shape
+
+
+def test_a_sketched_distribution_is_binned_without_losing_a_sample():
+    d = Distribution(exact_limit=100)
+    d.extend(np.random.default_rng(3).lognormal(2, 1, 5000))
+    assert not d.exact
+    _, counts, log = histogram_bins(d)
+    assert sum(counts) == 5000 and log
+
+
+def test_the_page_draws_the_histogram_with_the_requests_counted_once():
+    rep = stalled_stream_run()
+    hist = next(svg for label, svg in svgs(render_html(rep)).items() if label.startswith("latency histogram"))
+    counts = [int(r.get("data-count")) for r in hist.iter("rect")]
+    assert sum(counts) == rep.latency["count"] == 980
+    for text, _ in ticks(hist, "ytick"):
+        assert text.isdigit()  # whole requests on the count axis
+
+
+def test_the_cdf_stops_at_100_percent():
+    charts = svgs(render_html(stalled_stream_run()))
+    cdf = charts["latency CDF"]
+    labels = [t for t, _ in ticks(cdf, "ytick")]
+    assert labels == ["0%", "25%", "50%", "75%", "100%"]
+    top = dict(ticks(cdf, "ytick"))["100%"] - 4  # the label sits 4 px under its line
+    ys = [y for _, y in points(cdf, "all requests")]
+    assert min(ys) == pytest.approx(top, abs=0.05) and all(y >= top - 0.05 for y in ys)
+
+
+def test_the_stall_is_a_spike_in_latency_over_time_where_it_happened():
+    rep = stalled_stream_run()
+    over_time = svgs(render_html(rep))["latency over time"]
+    x = dict(ticks(over_time, "xtick"))
+    per_s = (x["10 s"] - x["0 s"]) / 10
+    peak_x, _ = min(points(over_time, "p99"), key=lambda p: p[1])  # highest on the page
+    assert 4.0 <= (peak_x - x["0 s"]) / per_s <= 5.0
+    strip = svgs(render_html(rep))["requests started per window"]
+    failed = [int(r.get("data-count")) for r in strip.iter("rect") if r.get("fill") == "#e15759"]
+    assert sum(failed) == sum(rep.errors.values()) == 20  # errors marked, each once
+
+
+def test_every_axis_tick_is_a_plain_number_with_its_unit():
+    page = render_html(stalled_stream_run(), sweep=ROWS)
+    for label, svg in svgs(page).items():
+        for kind in ("xtick", "ytick"):
+            for text, _ in ticks(svg, kind):
+                assert TICK.match(text), (label, text)
+    over_time = svgs(page)["latency over time"]
+    assert all(t.endswith(" ms") for t, _ in ticks(over_time, "ytick")) and all(t.endswith(" s") for t, _ in ticks(over_time, "xtick"))
+
+
+def test_sweep_labels_are_in_the_order_of_their_lines_at_the_right_edge():
+    rows = [dict(r) for r in ROWS]
+    for r, ttft in zip(rows, (3.0, 12.0, 45.0)):  # TTFT p99 ends above p95 here, p50 below it
+        r["ttft_p50_ms"], r["ttft_p99_ms"] = ttft / 3, ttft
+    chart = svgs(render_html(report(), sweep=rows))["throughput vs latency"]
+    names = [g.get("data-name") for g in chart.iter("g") if g.get("class") == "series"]
+    assert set(names) == {"p50", "p95", "p99", "TTFT p50", "TTFT p99"}
+    by_line = sorted(names, key=lambda n: points(chart, n)[-1][1])
+    labels = {t.text: float(t.get("y")) for t in chart.iter("text") if t.get("class") == "label"}
+    by_label = sorted(names, key=lambda n: labels[n])
+    assert by_label == by_line == ["p99", "TTFT p99", "p95", "p50", "TTFT p50"]
+
+
+def test_end_labels_keep_the_lines_order_and_do_not_overlap():
+    placed = end_labels([100.0, 101.0, 99.5, 300.0, 298.0], top=10, bottom=299)
+    order = sorted(range(5), key=lambda i: placed[i])
+    assert order == [2, 0, 1, 4, 3]
+    ys = sorted(placed)
+    assert all(b - a >= 13 - 1e-9 for a, b in zip(ys, ys[1:])) and 10 <= ys[0] and ys[-1] <= 299
+
+
+def test_axes_end_on_round_ticks_and_log_axes_tick_round_values():
+    lin = Axis.fit([0.0, 1002.0], unit="ms")
+    assert lin.ticks == [0, 200, 400, 600, 800, 1000, 1200] and [lin.label(t) for t in lin.ticks][:2] == ["0 ms", "200 ms"]
+    log = Axis.fit([20.0, 1000.0], unit="ms", log=True)
+    assert (log.lo, log.hi) == (20.0, 1000.0) and log.ticks == [20, 50, 100, 200, 500, 1000]
+    assert Axis.fit([0, 3], unit="", integer=True).ticks == [0, 1, 2, 3]
+
+
+def test_streamed_figures_and_the_slo_are_on_the_page():
+    rep = stalled_stream_run()
+    page = render_html(rep)
+    s = rep.load.stream
+    assert "Streamed responses" in page and "TTFT (time to first token)" in page and "TPOT" in page
+    shown = lambda v, d=2: f"{v:.{d}f}" if v < 100 else f"{v:.0f}"  # noqa: E731 - as the page rounds
+    assert f"<td>{shown(s.ttft['p50_ms'])}</td>" in page and f"<td>{shown(s.tpot['p99_ms'])}</td>" in page
+    assert f"tokens/s per request (median): <b>{shown(s.chunks_per_s_per_request, 1)}</b>" in page
+    assert "p99&lt;500ms,ttft_p95&lt;100ms" in page and f"goodput <b>{shown(rep.load.slo.goodput_rps, 1)} requests/s" in page
+    assert "missed" in page  # the stall's TTFT p95 is over 100 ms
+    plain = render_html(report())
+    assert "Streamed responses" not in plain and "goodput" not in plain

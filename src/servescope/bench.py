@@ -31,6 +31,7 @@ from .slo import SLO, judge
 from .stats import Distribution, summarize
 from .streams import Streamed, stream_stats
 from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
+from .timeline import timeline
 from .timing import OTHER
 
 __all__ = ["BenchOptions", "failed_levels", "parse_duration", "run_bench", "results_report", "saturation", "sweep_summary"]
@@ -215,6 +216,7 @@ def results_report(
             "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
         ),
         replicas=dict(sorted(replicas.items())),  # who answered, from each response's Server-Timing
+        timeline=timeline(measured, start_ns=measure_from_ns, end_ns=end),  # latency over time: a stall shows
     )
     gaps: list[np.ndarray] = []
     if streams:
@@ -321,8 +323,12 @@ def run_bench(
     *,
     on_tick: Callable[[str, LoadGenerator], None] | None = None,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    on_results: Callable[[str, float, list[Result], int], None] | None = None,
 ) -> list[Report]:
     """Run every load level; return one Report per level (the cold first request in each).
+
+    ``on_results(mode, level, results, measure_from_ns)`` gets each level's raw results as it
+    ends (``request_log.RequestLog.add`` writes the measured ones as CSV rows).
 
     Raises ``EndpointError`` when the very first request cannot connect (a wrong URL or a server
     that is not up). Ctrl-C (SIGINT) ends the level under way: its report covers what ran,
@@ -354,6 +360,8 @@ def run_bench(
             cpu0 = time.process_time()
             results, measure_from, until, lags = await run_level(options, raw, mode, level, tick, state)
             cpu = time.process_time() - cpu0
+            if on_results is not None:
+                on_results(mode, level, results, measure_from)
             meta = level_meta(options, mode, level)
             if state["interrupted"]:
                 meta["interrupted"] = True

@@ -187,13 +187,15 @@ def run_bench_ray(
     generators: int = 2,
     say: Callable[[str], None] | None = None,
     on_progress: Callable[[str, int, int, list[float]], None] | None = None,
+    on_results: Callable[[str, float, list[Result], int], None] | None = None,
 ) -> list[Report]:
     """``run_bench`` with the load coming from ``generators`` Ray actors; one merged Report per level.
 
     A generator lost mid-run (its node died) is named in ``report.load.generators_lost``; the
     report keeps what the others measured. Ctrl-C stops every generator and keeps what ran.
     ``on_progress(label, requests, new_errors, new_ok_latencies_ms)`` is called about twice a
-    second with every generator's progress merged (``BenchProgress.show`` draws it).
+    second with every generator's progress merged (``BenchProgress.show`` draws it);
+    ``on_results`` gets each level's results, every generator's together, as ``run_bench``'s.
     """
     if not isinstance(generators, int) or generators < 1:
         raise ConfigError(f"generators must be a whole number >= 1, got {generators!r}")
@@ -221,6 +223,8 @@ def run_bench_ray(
             poll = None if on_progress is None else (lambda n, e, ok, label=f"{mode}={level:g}": on_progress(label, n, e, ok))
             outcomes, interrupted = _gather(ray, refs, [actors[i] for i in range(len(shares))], poll)
             rep = _merge(options, mode, level, outcomes, first_ms)
+            if on_results is not None:  # shifted so that each generator's measured window starts at 0
+                on_results(mode, level, [r for o in outcomes if not isinstance(o, str) for r in o["results"]], 0)
             if first_err and rep.load is not None:
                 rep.load.first_error = first_err
             if interrupted:

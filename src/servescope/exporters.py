@@ -101,6 +101,10 @@ class PrometheusExporter:
         return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
 
 
+#: The streaming figures' metric names (``{prefix}_{name}_seconds``).
+STREAM_METRICS = {"first_chunk": "time_to_first_chunk", "chunk_gap": "chunk_gap"}
+
+
 class _ReportFigures:
     """A Report's distributions in a Recorder's shape (stages, latency, errors)."""
 
@@ -110,6 +114,11 @@ class _ReportFigures:
         self.stages = report.stage_distributions()
         self.latency = report.distributions.get("total") or Distribution()
         self.errors = report.errors
+        streaming = report.streaming
+        self._streams = {} if streaming is None else {n: streaming.distribution(n) for n in ("first_chunk", "chunk_gap")}
+
+    def stream_distributions(self) -> dict[str, Any]:
+        return self._streams
 
 
 class RecorderCollector:
@@ -150,6 +159,15 @@ class RecorderCollector:
         request = HistogramMetricFamily(f"{self.prefix}_request_seconds", "Server time per successful request")
         self._histogram(request, [], rec.latency)
         yield request
+        for name, help_ in (
+            ("first_chunk", "Streamed responses: from the request's arrival to its first chunk"),
+            ("chunk_gap", "Streamed responses: between consecutive chunks"),
+        ):
+            dist = rec.stream_distributions().get(name)
+            if dist is not None:
+                family = HistogramMetricFamily(f"{self.prefix}_{STREAM_METRICS[name]}_seconds", help_)
+                self._histogram(family, [], dist)
+                yield family
         counter = CounterMetricFamily(f"{self.prefix}_requests", "Requests by response status", labels=["status"])
         if len(rec.latency):
             counter.add_metric(["200"], float(len(rec.latency)))

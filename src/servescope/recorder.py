@@ -12,6 +12,7 @@ import numpy as np
 
 from .exceptions import ConfigError, RecordError
 from .report import Report
+from .sections import Streaming
 from .stats import Distribution
 from .timing import OTHER, SPEEDUPS, STAGE_ORDER, Trace
 
@@ -121,6 +122,12 @@ class Recorder:
         self._lock = threading.Lock()
         # rows folded since the last take_delta(), kept only when asked (replicas shipping deltas)
         self._unsent: list[tuple[dict[str, int], int, str | None, float | None]] | None = [] if deltas else None
+        # streamed responses: (time to the first chunk, the gaps between chunks), in ns
+        self._streams: collections.deque[tuple[int, list[int]]] = collections.deque()
+        self._first_chunk = Distribution(exact_limit=exact_limit)
+        self._chunk_gap = Distribution(exact_limit=exact_limit)
+        self._chunks = 0
+        self._unsent_streams: list[tuple[int, list[int]]] | None = [] if deltas else None
 
     def record(self, trace: Trace) -> None:
         """Record a finished trace."""
@@ -156,8 +163,27 @@ class Recorder:
         if len(self._pending) >= _FOLD_EVERY:
             self._fold()
 
+    def record_stream(self, first_chunk_ns: int, gaps_ns: list[int]) -> None:
+        """One streamed response besides its ``record_ns``: the time from its arrival to its
+        first chunk, and the gaps between its chunks (ns). The report's ``streaming`` section."""
+        self._streams.append((first_chunk_ns, gaps_ns))
+
+    def _fold_streams(self) -> None:
+        streams = self._streams
+        rows = [streams.popleft() for _ in range(len(streams))]
+        if not rows:
+            return
+        if self._unsent_streams is not None:
+            self._unsent_streams.extend(rows)
+        self._first_chunk.extend(np.array([first for first, _ in rows], dtype=float) / 1e6)
+        gaps = [g for _, gs in rows for g in gs]
+        if gaps:
+            self._chunk_gap.extend(np.array(gaps, dtype=float) / 1e6)
+        self._chunks += len(rows) + len(gaps)
+
     def _fold(self) -> None:
         with self._lock:
+            self._fold_streams()
             pending = self._pending
             rows = [pending.popleft() for _ in range(len(pending))]
             if not rows:
@@ -221,6 +247,9 @@ class Recorder:
                 samples=self._samples_locked(),
                 meta=meta,
                 extra=self._extra(),
+                streaming=Streaming.from_distributions(self._first_chunk, self._chunk_gap, chunks=self._chunks)
+                if len(self._first_chunk)
+                else None,
             )
 
     def _extra(self) -> dict[str, Any]:
@@ -236,9 +265,11 @@ class Recorder:
         self._fold()
         with self._lock:
             rows, self._unsent = self._unsent, []
-        if not rows:
+            streams, self._unsent_streams = self._unsent_streams, []
+        if not rows and not streams:
             return None
         part = Recorder(exact_limit=self.exact_limit, keep_samples=0, max_stage_names=self._names.limit)
+        part._streams.extend(streams or ())
         part._names.kept = set(self._names.kept)  # the same names apart, the same folded
         part._names.folded = list(self._names.folded)
         part._pending.extend(rows)
@@ -249,6 +280,11 @@ class Recorder:
         """End-to-end latency of successful requests (ms)."""
         self._fold()
         return self._latency
+
+    def stream_distributions(self) -> dict[str, Distribution]:
+        """``first_chunk`` and ``chunk_gap`` of the streamed responses (ms), {} when none was."""
+        self._fold()
+        return {"first_chunk": self._first_chunk, "chunk_gap": self._chunk_gap} if len(self._first_chunk) else {}
 
     @property
     def stages(self) -> dict[str, Distribution]:

@@ -15,7 +15,7 @@ The load generator and the doctor produce it, the rules read it, the renderers f
     distributions "total" and each stage -> the samples or a sketch (how reports combine)
     samples       per-request rows, when kept
     meta          what was run: tool, target, options
-    load, sweep, diagnosis, folded_stage_names
+    load, sweep, diagnosis, folded_stage_names, streaming
                   the typed sections a tool adds (sections.py), as ``report.load`` ...
     ...           any other key is kept as is (``report.unknown``)
 """
@@ -33,7 +33,7 @@ import orjson
 from .environment import capture_environment
 from .exceptions import ReportError, SchemaError
 from .schema import check_types, check_v1_fields
-from .sections import SECTIONS, V1_FIELDS, Diagnosis, ExtraView, FoldedStages, Load, Sweep
+from .sections import SECTIONS, V1_FIELDS, Diagnosis, ExtraView, FoldedStages, Load, Streaming, Sweep
 from .stats import Distribution, summarize
 from .timing import order_stages
 
@@ -117,6 +117,7 @@ class Report:
         sweep: Sweep | None = None,
         diagnosis: Diagnosis | None = None,
         folded_stage_names: FoldedStages | None = None,
+        streaming: Streaming | None = None,
         unknown: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
@@ -137,6 +138,8 @@ class Report:
         self.diagnosis = diagnosis
         #: stage names past the recorder's limit, counted together
         self.folded_stage_names = folded_stage_names
+        #: what ``servescope.serve`` streamed: time to first chunk and between chunks
+        self.streaming = streaming
         #: top-level keys this version does not know, kept as they are
         self.unknown: dict[str, Any] = dict(unknown or {})
         self.extra.update(extra or {})

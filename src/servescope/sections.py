@@ -37,9 +37,11 @@ __all__ = [
     "Stream",
     "Sweep",
     "SweepRow",
+    "Timeline",
     "Unattributed",
     "V1_FIELDS",
     "Verdict",
+    "Window",
 ]
 
 Notes = dict[str, str]
@@ -219,6 +221,31 @@ class Slo(Section):
 
 
 @dataclass(kw_only=True)
+class Window(Section):
+    """One window of the ``Timeline``: the measured requests that *started* in it (open loop:
+    were due in it), and their latencies as the headline counts them."""
+
+    #: the window's start, in seconds from the start of the measured window
+    start_s: float = 0.0
+    ok: int = 0
+    errors: int = 0
+    #: the successes' latency (null when none succeeded)
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+
+
+@dataclass(kw_only=True)
+class Timeline(Section):
+    """Latency over time: the measured window cut into at most ~120 windows of ``window_s``
+    (``servescope.timeline``), so a stall shows where it happened. Not combined: each run's
+    windows are offsets into its own run."""
+
+    window_s: float = 1.0
+    windows: list[Window] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class Load(Section):
     """What ``servescope bench`` measured beside the latency statistics.
 
@@ -226,7 +253,7 @@ class Load(Section):
     and ``generators_lost`` joined, ``first_error`` and ``first_error_body`` kept from the first
     report that has one;
     ``throughput_rps`` (the runs' windows may overlap or not), ``uncorrected`` and ``generator``
-    (percentiles, which are never averaged) are left out, with a note."""
+    (percentiles, which are never averaged), ``slo`` and ``timeline`` are left out, with a note."""
 
     key: ClassVar[str] = "load"
 
@@ -249,6 +276,8 @@ class Load(Section):
     stream: Stream | None = None
     #: with ``--slo``: each objective judged, and the goodput
     slo: Slo | None = None
+    #: latency over time, window by window
+    timeline: Timeline | None = None
 
     @classmethod
     def combine(cls, parts: list[Any], notes: Notes) -> Load | None:
@@ -261,6 +290,8 @@ class Load(Section):
             ("uncorrected", "percentiles are never averaged, and these keep no distribution to merge"),
             ("generator", "schedule-lag percentiles are never averaged, and these keep no distribution to merge"),
             ("slo", "goodput is judged request by request within one run; judge the combined figures again (servescope.slo.judge)"),
+            ("timeline", "each run's windows are offsets into its own run, whose clock the others do not share, and "
+             "per-window percentiles keep no distribution to merge"),
         ):
             if any(getattr(p, name) is not None for p in have):
                 notes[f"load.{name}"] = why

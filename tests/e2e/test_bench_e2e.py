@@ -59,6 +59,26 @@ def test_cli_sweep_writes_json_and_html_with_the_same_numbers(test_server, tmp_p
     assert f"{data['latency']['p50_ms']:.2f} ms" in html
 
 
+def test_cli_csv_has_a_row_per_measured_request_of_every_level(test_server, tmp_path):
+    import csv
+
+    out, rows_csv, page = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.html"
+    p = run_cli(f"{test_server}/delay", "--rate", "20,40", "-d", "1", "--warmup", "0.3", "--json", str(out), "--csv", str(rows_csv), "--html", str(page))
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    with open(rows_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    measured = [level["load"]["requests"]["measured"] for level in data["sweep"]["levels"]]
+    assert [sum(1 for r in rows if r["level"] == lv) for lv in ("20", "40")] == measured
+    assert len(rows) == sum(measured) >= 40
+    assert all(r["mode"] == "rate" and r["status"] == "200" and float(r["latency_ms"]) >= DELAY_MS for r in rows)
+    assert all(r["server_timing"].startswith("infer=") for r in rows)
+    assert all(0 <= float(r["scheduled_ms"]) <= 1100 for r in rows)  # offsets into the measured second
+    windows = data["load"]["timeline"]["windows"]
+    assert sum(w["ok"] + w["errors"] for w in windows) == measured[-1]
+    assert "Latency over time" in page.read_text() and f"Request log ({len(rows)} requests) saved" in p.stdout
+
+
 def test_unreachable_url_is_one_line_and_exit_2():
     p = run_cli("http://127.0.0.1:9/predict", "-d", "1")
     assert p.returncode == 2

@@ -294,10 +294,11 @@ def test_connections_beyond_the_limit_get_503_and_the_rest_are_served(limited):
     assert post(f"http://127.0.0.1:{port}").status == 200
 
 
-def test_a_model_that_cannot_load_ends_serve_with_the_reason():
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "two workers"])
+def test_a_model_that_cannot_load_ends_serve_with_the_reason(workers):
     port = free_port()
     p = subprocess.run(
-        [sys.executable, "-m", "servescope", "serve", "tests/e2e/endpoints/broken_load.py:BrokenLoad", "--port", str(port)],
+        [sys.executable, "-m", "servescope", "serve", "tests/e2e/endpoints/broken_load.py:BrokenLoad", "--port", str(port), *workers],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert p.returncode == 3, p.stderr

@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_ray(parser, "run the load generators on a Ray cluster")
     parser.add_argument("--generators", metavar="N", type=positive_int, default=None, help="with --ray: load generators (actors, one CPU each; default 2)")
     common.add_outputs(parser)
+    parser.add_argument("--csv", metavar="FILE", help="write one row per measured request (times, status, error, TTFT, tokens, Server-Timing) as CSV")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..renderers.progress import BenchProgress
     from ..renderers.sweep import render_sweep
     from ..renderers.terminal import render_terminal
+    from ..request_log import RequestLog
 
     bodies = [read_body(name) for name in args.body]
     options = BenchOptions(
@@ -99,16 +101,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.generators is not None and not args.ray:
         raise ConfigError("--generators goes with --ray")
     out = common.table_console(args, console)
+    log = RequestLog(args.csv) if args.csv else None  # now: a path that cannot be written fails before the load
+    on_results = log.add if log is not None else None
     if args.find_max:
-        return find_max(options, args, out)
+        return find_max(options, args, out, on_results=on_results)
     seconds = args.warmup + args.duration if not args.requests else None
     with BenchProgress(out, seconds=seconds, requests=args.requests) as progress:
         if args.ray:
             from ..cluster import run_bench_ray
 
-            reports = run_bench_ray(options, address=args.ray, generators=args.generators or 2, say=out.print, on_progress=progress.show)
+            reports = run_bench_ray(
+                options, address=args.ray, generators=args.generators or 2, say=out.print, on_progress=progress.show,
+                on_results=on_results,
+            )  # fmt: skip
         else:
-            reports = run_bench(options, on_tick=progress.tick)
+            reports = run_bench(options, on_tick=progress.tick, on_results=on_results)
+    if log is not None:
+        out.print(f"Request log ({log.rows} requests) saved to {args.csv}")
     if not reports:
         out.print("No load level completed.")
         return EXIT_NOT_MEASURED
@@ -129,8 +138,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return EXIT_SLO_MISSED if missed else 0
 
 
-def find_max(options: object, args: argparse.Namespace, out: Console) -> int:
-    """--find-max: probe rates, print each, then the curve and the knee."""
+def find_max(options: object, args: argparse.Namespace, out: Console, *, on_results: object = None) -> int:
+    """--find-max: probe rates, print each, then the curve and the knee (``on_results``: the
+    request log's, every probe's requests)."""
     from dataclasses import replace
 
     from rich.text import Text
@@ -153,7 +163,7 @@ def find_max(options: object, args: argparse.Namespace, out: Console) -> int:
     )
 
     def probe(rate: float):  # type: ignore[no-untyped-def]
-        reports = run_bench(replace(options, rate=[rate], concurrency=[]))  # type: ignore[type-var]
+        reports = run_bench(replace(options, rate=[rate], concurrency=[]), on_results=on_results)  # type: ignore[type-var, arg-type]
         if not reports:
             return None
         rep = reports[0]

@@ -80,7 +80,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         from ..serve.workers import run_workers
 
         sys.stderr.write(f"servescope: serving {args.target} on http://{args.host}:{args.port} with {args.workers} workers (loading...)\n")
-        run_workers(args.target, args.workers, host=args.host, port=args.port, on_stuck="exit", **options)
+        failure = run_workers(args.target, args.workers, host=args.host, port=args.port, on_stuck="exit", **options)
+        if failure is not None:
+            sys.stderr.write(f"servescope: error: {args.target} could not start: {failure} (the traceback is above)\n")
+            return EXIT_START_FAILED
         return 0
     if args.ray is not None:
         from ..serve.ray_serve import run as run_on_ray

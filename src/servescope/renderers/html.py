@@ -9,18 +9,18 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..compare import Comparison
 from ..report import Report
 from ..sections import Load
+from .charts import COLORS, Axis, Bar, Series, bar_chart, histogram_bins, label_room, line_chart, log_scale
 from .terminal import stage_label
 
 __all__ = ["ComparisonHTMLRenderer", "HTMLRenderer", "render_comparison_html", "render_html"]
 
-_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:980px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:1.8em}
@@ -46,7 +46,8 @@ def _headline(rep: Report) -> str:
     ]
     load = rep.load or Load()
     if load.throughput_rps is not None:
-        parts.append(f"<p>Throughput: <b>{load.throughput_rps:.1f} requests/s</b></p>")
+        good = f" · goodput: <b>{load.slo.goodput_rps:.1f} requests/s</b> ({html.escape(load.slo.slo)})" if load.slo and load.slo.goodput_rps is not None else ""
+        parts.append(f"<p>Throughput: <b>{load.throughput_rps:.1f} requests/s</b>{good}</p>")
     if lat.get("first_ms") is not None:
         parts.append(f"<p>First request: {_f(lat['first_ms'])} ms</p>")
     if rep.errors:
@@ -84,7 +85,7 @@ def _stacked_bar(rep: Report, width: int = 900) -> str:
     out = [f'<svg width="{width}" height="64" role="img" aria-label="stage breakdown">']
     for i, (name, s) in enumerate(stages):
         w = s["share"] * width
-        color = _COLORS[i % len(_COLORS)]
+        color = COLORS[i % len(COLORS)]
         out.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="28" fill="{color}"><title>{html.escape(stage_label(name))}: {_f(s["mean_ms"])} ms</title></rect>')
         if w > 60:
             out.append(f'<text x="{x + 4:.1f}" y="45">{html.escape(stage_label(name))}</text>')
@@ -94,87 +95,135 @@ def _stacked_bar(rep: Report, width: int = 900) -> str:
     return "".join(out)
 
 
-def _line_chart(
-    series: Sequence[tuple[str, Sequence[float], Sequence[float]]],
-    *,
-    xlabel: str,
-    ylabel: str,
-    logx: bool = False,
-    width: int = 900,
-    height: int = 300,
-) -> str:
-    pts = [(x, y) for _, xs, ys in series for x, y in zip(xs, ys) if y is not None and not math.isnan(y)]
-    if not pts:
+def _timeline(rep: Report) -> str:
+    """Latency over time (p50, p99, max per window) over the requests started per window,
+    errors in red: a stall shows where it happened."""
+    tl = rep.load.timeline if rep.load is not None else None
+    if tl is None or not tl.windows:
         return ""
-    pad_l, pad_b, pad_t, pad_r = 60, 40, 10, 20
-    xs_all = [p[0] for p in pts]
-    ys_all = [p[1] for p in pts]
-    fx = (lambda v: math.log10(max(v, 1e-6))) if logx else (lambda v: v)
-    x0, x1 = fx(min(xs_all)), fx(max(xs_all))
-    y1 = max(ys_all) * 1.05 or 1.0
-    x1 = x1 if x1 > x0 else x0 + 1
-
-    def px(v: float) -> float:
-        return pad_l + (fx(v) - x0) / (x1 - x0) * (width - pad_l - pad_r)
-
-    def py(v: float) -> float:
-        return height - pad_b - v / y1 * (height - pad_b - pad_t)
-
-    out = [f'<svg width="{width}" height="{height}" role="img">']
-    out.append(f'<line x1="{pad_l}" y1="{height - pad_b}" x2="{width - pad_r}" y2="{height - pad_b}" stroke="#999"/>')
-    out.append(f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{height - pad_b}" stroke="#999"/>')
-    for i in range(5):
-        yv = y1 * i / 4
-        out.append(f'<text x="{pad_l - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{_f(yv)}</text>')
-    ticks = np.linspace(x0, x1, 6)
-    for t in ticks:
-        v = 10**t if logx else t
-        out.append(f'<text x="{px(v):.1f}" y="{height - pad_b + 16}" text-anchor="middle">{_f(v)}</text>')
-    out.append(f'<text x="{width / 2}" y="{height - 6}" text-anchor="middle">{html.escape(xlabel)}</text>')
-    out.append(f'<text x="14" y="{height / 2}" transform="rotate(-90 14 {height / 2})" text-anchor="middle">{html.escape(ylabel)}</text>')
-    for i, (name, xs, ys) in enumerate(series):
-        color = _COLORS[i % len(_COLORS)]
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys) if y is not None)
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
-        out.append(f'<text x="{width - pad_r - 4}" y="{pad_t + 14 + 14 * i}" text-anchor="end" fill="{color}">{html.escape(name)}</text>')
-    out.append("</svg>")
-    return "".join(out)
+    w, wins = tl.window_s, tl.windows
+    mids = [x.start_s + w / 2 for x in wins]
+    x = Axis.fit([0.0, len(wins) * w], unit="s")
+    y = Axis.fit([v for x_ in wins for v in (x_.p50_ms, x_.p99_ms, x_.max_ms) if v is not None], unit="ms")
+    lines = [
+        Series("max", mids, [x_.max_ms for x_ in wins], color=COLORS[6], dashed=True),
+        Series("p99", mids, [x_.p99_ms for x_ in wins], color=COLORS[1]),
+        Series("p50", mids, [x_.p50_ms for x_ in wins], color=COLORS[0]),
+    ]
+    room = label_room([s.name for s in lines])
+    chart = line_chart(lines, x=x, y=y, xlabel="time into the measured run", ylabel="latency", title="latency over time")
+    bars = [
+        Bar(b.start_s, b.start_s + w, [(b.ok, "#bab0ac"), (b.errors, COLORS[3])],
+            tip=f"{b.start_s:g}-{b.start_s + w:g} s: {b.ok} ok, {b.errors} failed")
+        for b in wins
+    ]  # fmt: skip
+    y2 = Axis.fit([b.ok + b.errors for b in wins], unit="", integer=True, ticks=3)
+    strip = bar_chart(bars, x=x, y=y2, xlabel="", ylabel="requests", title="requests started per window", height=150, right=room)
+    failed = sum(1 for b in wins if b.errors)
+    note = (
+        f"Each point is a {w:g} s window: the requests that started in it (open loop: were due in it), their "
+        "latency counted as in the headline. Below: requests started per window"
+        + (f", failed ones in red ({failed} windows with failures)." if failed else ", none failed.")
+    )
+    level = next((f", {k}={rep.meta[k]:g}" for k in ("concurrency", "rate") if isinstance(rep.meta.get(k), (int, float))), "")
+    return f"<h2>Latency over time{level}</h2><p class=muted>{html.escape(note)}</p>" + chart + strip
 
 
 def _distribution(rep: Report) -> str:
     total = rep.distributions.get("total")
     if total is None or len(total) == 0:
         return ""
-    qs = np.linspace(0, 100, 201)
+    n = len(total)
+    edges, counts, log = histogram_bins(total)
+    x = Axis.fit([edges[0], edges[-1]], unit="ms", log=log, zero=False)
+    bars = [
+        Bar(float(a), float(b), [(c, COLORS[0])], tip=f"{c} requests, {a:.4g} to {b:.4g} ms")
+        for a, b, c in zip(edges[:-1], edges[1:], counts)
+    ]  # fmt: skip
+    scale = " (log scale)" if log else ""
+    hist = bar_chart(bars, x=x, y=Axis.fit([0, max(counts)], unit="", integer=True), xlabel=f"latency{scale}",
+                     ylabel="requests", title=f"latency histogram: {n} requests in {len(counts)} bins")  # fmt: skip
+    qs = [float(q) for q in np.linspace(0, 100, 201)]
     values = total.percentiles(qs)
-    cdf = _line_chart([("latency CDF", values, list(qs))], xlabel="latency (ms, log scale)", ylabel="percentile", logx=True)
-    hist = ""
-    if total.exact and len(total) > 1:
-        v = total.values()
-        lo, hi = max(v.min(), 1e-3), v.max()
-        edges = np.geomspace(lo, hi if hi > lo else lo * 1.01, 41)
-        counts, _ = np.histogram(np.clip(v, lo, None), bins=edges)
-        mids = np.sqrt(edges[:-1] * edges[1:])
-        hist = _line_chart([("requests per bin", list(mids), [float(c) for c in counts])], xlabel="latency (ms, log scale)", ylabel="requests", logx=True)
-    return "<h2>Latency distribution</h2>" + hist + cdf
+    cdf_log = log_scale(values)
+    cdf = line_chart(
+        [Series("all requests", values, qs)],
+        x=Axis.fit(values, unit="ms", log=cdf_log, zero=False), y=Axis(0.0, 100.0, "%", False, [0.0, 25.0, 50.0, 75.0, 100.0], 25.0),
+        xlabel=f"latency{' (log scale)' if cdf_log else ''}", ylabel="requests at or under", title="latency CDF",
+    )  # fmt: skip
+    return (
+        f"<h2>Latency distribution</h2><p class=muted>{n} successful requests in {len(counts)} bins"
+        f"{', logarithmic' if log else ''} (the Freedman-Diaconis width, at most the square root of the count).</p>"
+        + hist + cdf
+    )  # fmt: skip
+
+
+def _stream(load: Load) -> str:
+    """The streamed responses' figures (docs/bench.md defines each)."""
+    s = load.stream
+    if s is None:
+        return ""
+    keys = ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms")
+    rows = ["<table><tr><th>figure</th><th>count</th>" + "".join(f"<th>{k[:-3]} ms</th>" for k in keys) + "</tr>"]
+    for label, figures in (("TTFB (time to first byte)", s.ttfb), ("TTFT (time to first token)", s.ttft),
+                           ("ITL (gap between tokens)", s.itl), ("ITL as observed", s.itl_uncorrected),
+                           ("TPOT (time per output token)", s.tpot)):  # fmt: skip
+        if figures:
+            rows.append(f"<tr><td>{label}</td><td>{figures.get('count')}</td>" + "".join(f"<td>{_f(figures.get(k))}</td>" for k in keys) + "</tr>")
+    rows.append("</table>")
+    said = [f"{s.responses} streamed responses ({html.escape(s.kind)}), {s.chunks} tokens"]
+    if s.chunks_per_s_per_request is not None:
+        said.append(f"tokens/s per request (median): <b>{_f(s.chunks_per_s_per_request, 1)}</b>")
+    if s.chunks_per_s is not None:
+        said.append(f"tokens/s in all: <b>{_f(s.chunks_per_s, 1)}</b>")
+    if s.itl_expected_ms is not None:
+        said.append(f"ITL corrected for coordinated omission at the median gap, {_f(s.itl_expected_ms)} ms")
+    return "<h2>Streamed responses</h2><p>" + " · ".join(said) + "</p>" + "".join(rows)
+
+
+def _slo(load: Load) -> str:
+    """--slo: each objective judged on the run, and the goodput."""
+    slo = load.slo
+    if slo is None:
+        return ""
+    ok = load.requests.ok if load.requests is not None else None
+    verdict = '<b style="color:#3a7d32">met</b>' if slo.met else '<b style="color:#c0392b">missed</b>'
+    rows = ["<table><tr><th>objective</th><th>the run's figure</th><th>met</th></tr>"]
+    for c in slo.checks:
+        value = "-" if c.value_ms is None else f"{_f(c.value_ms)} ms"
+        note = f" <span class=muted>({html.escape(c.note)})</span>" if c.note else ""
+        rows.append(f"<tr><td>{html.escape(c.objective)}</td><td>{value}</td><td>{'yes' if c.met else 'no'}{note}</td></tr>")
+    rows.append("</table>")
+    of = f" of {ok} successful" if ok is not None else ""
+    return (
+        f"<h2>SLO</h2><p class=big>{html.escape(slo.slo)}: {verdict} · goodput <b>{_f(slo.goodput_rps, 1)} requests/s</b>"
+        f" ({slo.good}{of} requests met every objective)</p>" + "".join(rows)
+    )
 
 
 def _sweep(rows: list[dict[str, Any]]) -> str:
     if len(rows) < 2:
         return ""
-    table = ["<table><tr><th>level</th><th>throughput req/s</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>errors</th></tr>"]
+    extra = [k for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "goodput_rps") if any(r.get(k) is not None for r in rows)]
+    head = "".join(f"<th>{k.replace('_ms', ' ms').replace('_rps', ' req/s').replace('_', ' ')}</th>" for k in extra)
+    table = [f"<table><tr><th>level</th><th>throughput req/s</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th>{head}<th>errors</th></tr>"]
     for r in rows:
+        cells = "".join(f"<td>{_f(r.get(k), 1 if k == 'goodput_rps' else 2)}</td>" for k in extra)
         table.append(
             f"<tr><td>{r['mode']}={r['level']:g}</td><td>{_f(r['throughput_rps'], 1)}</td><td>{_f(r['p50_ms'])}</td>"
-            f"<td>{_f(r['p95_ms'])}</td><td>{_f(r['p99_ms'])}</td><td>{r['errors']}</td></tr>"
+            f"<td>{_f(r['p95_ms'])}</td><td>{_f(r['p99_ms'])}</td>{cells}<td>{r['errors']}</td></tr>"
         )
     table.append("</table>")
     xs = [r["throughput_rps"] or 0.0 for r in rows]
-    chart = _line_chart(
-        [("p50", xs, [r["p50_ms"] for r in rows]), ("p95", xs, [r["p95_ms"] for r in rows]), ("p99", xs, [r["p99_ms"] for r in rows])],
-        xlabel="throughput (requests/s)",
-        ylabel="latency (ms)",
-    )
+    tips = [f"{r['mode']}={r['level']:g}: {_f(r['throughput_rps'], 1)} req/s" for r in rows]
+    lines = [Series(name, xs, [r.get(f"{name}_ms") for r in rows], color=COLORS[i], markers=True, tips=tips)
+             for i, name in enumerate(("p50", "p95", "p99"))]  # fmt: skip
+    for i, (name, key) in enumerate((("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"))):
+        if any(r.get(key) is not None for r in rows):
+            lines.append(Series(name, xs, [r.get(key) for r in rows], color=COLORS[(4, 6)[i]], dashed=True, markers=True, tips=tips))
+    ys = [v for s in lines for v in s.ys if v is not None]
+    chart = line_chart(lines, x=Axis.fit(xs, unit="req/s"), y=Axis.fit(ys, unit="ms"), xlabel="throughput",
+                       ylabel="latency", title="throughput vs latency")  # fmt: skip
     return "<h2>Throughput vs latency</h2>" + "".join(table) + chart
 
 
@@ -266,6 +315,9 @@ def _page(report: Report, sweep: list[dict[str, Any]] | None) -> str:
     body = [
         f"<h1>{title}</h1>",
         _headline(report),
+        _stream(report.load or Load()),
+        _slo(report.load or Load()),
+        _timeline(report),
         "<h2>Where the time goes</h2>",
         _stacked_bar(report),
         _stage_table(report),

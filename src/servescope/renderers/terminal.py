@@ -44,6 +44,7 @@ LABELS = {
     "other": "outside any stage",
     "network+client": "network + client",
     "proxy+network": "proxy + network + client",
+    "stream_after_head": "rest of the stream (after the head)",
 }
 
 

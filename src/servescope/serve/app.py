@@ -6,7 +6,12 @@
     GET  /metrics   Prometheus histograms per stage, batch sizes, queue depth, requests by status
     GET  /report    the servescope Report of everything served so far (JSON, with distributions)
 
-Every /predict response carries ``Server-Timing`` with its stages.
+Every /predict response carries ``Server-Timing`` with its stages. A model that yields
+(``infer`` step by step, or ``postprocess`` chunk by chunk) streams its answer: JSON lines, or
+Server-Sent Events with ``Accept: text/event-stream``; the head's ``Server-Timing`` has the
+stages before the first chunk, and a client that sends ``TE: trailers`` gets the complete
+breakdown in a ``Server-Timing`` trailer (under ``servescope serve``, whose HTTP/1.1 protocol
+sends trailers).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from ..exceptions import ConfigError, InvalidPayload
 from ..recorder import Recorder
 from ..report import Report
 from ..servertiming import format_ns
-from .asgi import Metrics, disconnected, error_body, expire, read_too_slow, resolve, respond
+from .asgi import Metrics, disconnected, error_body, expire, push, read_too_slow, resolve, respond
 from .batching import Batcher, Item
 from .limits import HttpLimits
 from .model import Model
@@ -174,6 +179,8 @@ class ServeApp:
         """Start loading in the background: /health answers at once, /ready when warm."""
         self._loop = asyncio.get_running_loop()
         self.runtime.on_batch_done = self._deliver  # type: ignore[attr-defined]
+        self.runtime.on_stream = self._on_stream
+        self.runtime.on_progress = self.batcher.progress
         if self.metrics is not None:  # items per forward (queue depth is read at scrape time)
             self.runtime.on_forward = self.metrics.batch_size.observe
         if self.state == "starting":  # not loaded beforehand with load_now()
@@ -267,6 +274,11 @@ class ServeApp:
             took = time.perf_counter_ns() - t
             best = took if best is None else min(best, took)
         return best or 0
+
+    def wait_started(self, timeout: float | None = None) -> str:
+        """Block until start-up has finished (or ``timeout`` s); returns the state."""
+        self._ready.wait(timeout)
+        return self.state
 
     async def wait_ready(self, timeout: float = 60.0) -> str:
         """Wait until start-up has finished (ready or failed); returns the state."""
@@ -373,12 +385,18 @@ class ServeApp:
         # byte, a body that grows past it as soon as it does; either way the connection is
         # closed after the 413, so the rest is never read
         accept = "json"
+        trailers = False
         for name, value in scope.get("headers", ()):  # one pass over the headers
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
                 await self._reply(send, 413, self._too_big, t0, {}, close=True)
                 return
-            if name == b"accept" and b"msgpack" in value and self._msgpack:
-                accept = "msgpack"
+            if name == b"accept":
+                if b"msgpack" in value and self._msgpack:
+                    accept = "msgpack"
+                elif b"text/event-stream" in value:
+                    accept = "sse"  # for a streamed answer (a plain one is JSON all the same)
+            elif name == b"te" and b"trailers" in value.lower():
+                trailers = "http.response.trailers" in scope.get("extensions", {})
         body = b""
         more = True
         # a body that does not arrive within body_timeout_s gets a 408: one timer that cancels
@@ -420,7 +438,7 @@ class ServeApp:
             durations["validate"] = now() - t1  # (parsing; the worker adds validate's own time)
             self._active += 1
             try:
-                await self._queued(receive, send, payload, accept, t0, durations, unvalidated=True)
+                await self._queued(receive, send, payload, accept, t0, durations, unvalidated=True, trailers=trailers)
             finally:
                 self._active -= 1
             return
@@ -443,11 +461,11 @@ class ServeApp:
             if self._alone() and self.batcher.run_inline(item):  # this thread is busy meanwhile
                 took = sum(item.durations.values())
                 self._lone_ns = (self._lone_ns * 7 + took) >> 3  # type: ignore[operator]  # turns slow: stops
-                await self._answer(send, item, t0, durations, accept)
+                await self._answer(send, item, t0, durations, accept, receive, trailers)
                 return
         self._active += 1
         try:
-            await self._queued(receive, send, item_value, accept, t0, durations)
+            await self._queued(receive, send, item_value, accept, t0, durations, trailers=trailers)
         finally:
             self._active -= 1
 
@@ -461,7 +479,16 @@ class ServeApp:
         )  # fmt: skip
 
     async def _queued(
-        self, receive: Any, send: Any, item_value: Any, accept: str, t0: int, durations: dict[str, int], *, unvalidated: bool = False
+        self,
+        receive: Any,
+        send: Any,
+        item_value: Any,
+        accept: str,
+        t0: int,
+        durations: dict[str, int],
+        *,
+        unvalidated: bool = False,
+        trailers: bool = False,
     ) -> None:
         """The usual path: through the batch worker, with the deadline and disconnect watch."""
         loop = self._loop or asyncio.get_running_loop()
@@ -496,9 +523,14 @@ class ServeApp:
         finally:
             if watcher is not None:
                 watcher.cancel()
-        await self._answer(send, item, t0, durations, accept)
+        await self._answer(send, item, t0, durations, accept, receive, trailers)
 
-    async def _answer(self, send: Any, item: Item, t0: int, durations: dict[str, int], accept: str) -> None:
+    async def _answer(
+        self, send: Any, item: Item, t0: int, durations: dict[str, int], accept: str, receive: Any, trailers: bool = False
+    ) -> None:
+        if item.channel is not None:  # the model yielded: its chunks are on their way
+            await self._stream(send, receive, item, t0, durations, trailers)
+            return
         durations.update(item.durations)
         if item.error is not None and item.status == 422:  # validate() refused it, or preprocess missed a field
             rid = self._request_id()
@@ -515,6 +547,80 @@ class ServeApp:
             return
         ctype = b"application/msgpack" if accept == "msgpack" else b"application/json"
         await self._reply(send, 200, item.body or b"null", t0, durations, content_type=ctype)
+
+    async def _stream(self, send: Any, receive: Any, item: Item, t0: int, durations: dict[str, int], trailers: bool) -> None:
+        """Send a streamed answer chunk by chunk as the worker makes them; a failure after the
+        first chunk ends the stream with an error line (SSE: an ``error`` event), since the
+        status has gone out. Time to the first chunk and between chunks go to the recorder."""
+        now = time.perf_counter_ns
+        sse = item.accept == "sse"
+        head = {**durations, **(item.head_timing or {})}
+        timing = format_ns(head, max((item.first_ns or now()) - t0, 0)) + self.timing_suffix
+        headers = [
+            (b"content-type", b"text/event-stream" if sse else b"application/x-ndjson"),
+            (b"cache-control", b"no-cache"),
+            (b"server-timing", timing.encode()),
+        ]
+        if trailers:
+            headers.append((b"trailer", b"server-timing"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers, "trailers": trailers})
+        channel = item.channel
+
+        def left(task: asyncio.Future[None]) -> None:
+            if not task.cancelled():  # the client closed the connection: stop the model's work
+                item.cancelled = True
+                channel.put_nowait(None)
+
+        watcher = asyncio.ensure_future(disconnected(receive))
+        watcher.add_done_callback(left)
+        first = last = 0
+        gaps: list[int] = []
+        try:
+            while True:
+                chunk = await channel.get()
+                if chunk is None:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                t = now()
+                if first:
+                    gaps.append(t - last)
+                else:
+                    first = t - t0
+                last = t
+        finally:
+            watcher.cancel()
+        if item.cancelled and not item.ended:
+            return  # the client left: nobody to finish for
+        error = None
+        if item.error is not None:
+            rid = self._request_id()
+            stage = item.stage or "model"
+            log.error("servescope: request %s failed in %s, mid-stream: %s", rid, stage, item.error, exc_info=item.exc)
+            message = self._error(f"internal error in the model's {stage}" + (f": {item.error}" if self.debug_errors else ""), rid)
+            await send({"type": "http.response.body", "body": b"event: error\ndata: " + message + b"\n\n" if sse else message + b"\n", "more_body": True})
+            error = "stream failed"
+        total = now() - t0
+        final = {**durations, **item.durations}
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if trailers:
+            value = (format_ns(final, total) + self.timing_suffix).encode()
+            await send({"type": "http.response.trailers", "headers": [(b"server-timing", value)], "more_trailers": False})
+        self.recorder.record_ns(final, total, error)
+        if first:
+            self.recorder.record_stream(first, gaps)
+
+    def _on_stream(self, items: list[Item]) -> None:
+        """From the worker thread: hand streamed chunks (and ends) to the event loop, in one wake-up."""
+        batch = []
+        for it in items:
+            chunks, it.chunks = it.chunks, []
+            if it.future is not None:  # (warm-up's items have no one to send to)
+                batch.append((it, chunks or [], it.ended))
+        if batch and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(push, batch)
+            except RuntimeError:  # the loop is closed
+                pass
 
     def _request_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids):x}"

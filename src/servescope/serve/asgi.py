@@ -12,7 +12,7 @@ from ..recorder import Recorder
 from ..report import Report
 from .batching import Item
 
-__all__ = ["Metrics", "disconnected", "error_body", "expire", "read_too_slow", "resolve", "respond"]
+__all__ = ["Metrics", "disconnected", "error_body", "expire", "push", "read_too_slow", "resolve", "respond"]
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -35,6 +35,21 @@ def resolve(pairs: list[tuple[asyncio.Future[Item], Item]]) -> None:
     for future, item in pairs:
         if not future.done():
             future.set_result(item)
+
+
+def push(batch: list[tuple[Item, list[bytes], bool]]) -> None:
+    """On the event loop: streamed chunks from the worker into each item's channel (made, and
+    the item's future resolved, at its first chunk); ``None`` in the channel ends the stream."""
+    for item, chunks, ended in batch:
+        channel = item.channel
+        if channel is None:
+            channel = item.channel = asyncio.Queue()
+            if item.future is not None and not item.future.done():
+                item.future.set_result(item)
+        for chunk in chunks:
+            channel.put_nowait(chunk)
+        if ended:
+            channel.put_nowait(None)
 
 
 async def disconnected(receive: Any) -> None:

@@ -26,7 +26,7 @@ class Item:
 
     __slots__ = (
         "payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept", "exc", "stage",
-        "unvalidated",
+        "unvalidated", "chunks", "ended", "head_timing", "first_ns", "channel",
     )  # fmt: skip
 
     def __init__(self, payload: Any, *, future: Any = None, accept: str = "json", unvalidated: bool = False) -> None:
@@ -42,6 +42,13 @@ class Item:
         self.accept = accept
         self.exc: BaseException | None = None  # what failed it, for the server's log (never the client)
         self.stage = ""  # the model's step that failed: validate, preprocess, forward, postprocess, serialize
+        # a streamed answer (the model yields): chunks serialized on the worker, not yet handed
+        # over; whether the last was; the stages before the first chunk, and when it was made
+        self.chunks: list[bytes] | None = None
+        self.ended = False
+        self.head_timing: dict[str, int] | None = None
+        self.first_ns = 0
+        self.channel: Any = None  # the server's queue of chunks to send (on the event loop)
 
 
 class Batcher:
@@ -140,6 +147,12 @@ class Batcher:
                     if generation == self._generation:
                         self.busy = False
                         self.batch_started_ns = None
+
+    def progress(self) -> None:
+        """The running batch moved on (a model that yields made a step): the watchdog's
+        ``batch_timeout_s`` counts from now, so a long stream is not taken for a stuck one."""
+        if self.busy:
+            self.batch_started_ns = self.clock()
 
     def replace_worker(self) -> None:
         """Start a fresh worker beside one stuck in a batch. The stuck thread cannot be stopped

@@ -103,6 +103,12 @@ def limited_httptools(limits: HttpLimits) -> type | None:
             super().on_message_complete()
             self._head, self._tail = 0, b""  # what comes next on this connection is a new head
 
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            if any(name == b"te" and b"trailers" in value.lower() for name, value in cycle.scope["headers"]):
+                cycle.scope.setdefault("extensions", {})["http.response.trailers"] = {}
+                cycle.send = with_trailers(cycle)
+            super()._start_asgi_task(cycle, app)
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._end_of_head()
             super().connection_lost(exc)
@@ -141,6 +147,47 @@ def limited_httptools(limits: HttpLimits) -> type | None:
             self.loop.call_later(LINGER_S, self.transport.close)
 
     return LimitedHttpTools
+
+
+def with_trailers(cycle: Any) -> Any:
+    """uvicorn's ``send`` for one request-response cycle, with the ASGI ``http.response.trailers``
+    extension (for a client that sent ``TE: trailers``): a response started with ``"trailers":
+    True`` holds the end of its chunked body until the app's ``http.response.trailers``
+    message, then ends it with those fields after the last chunk (RFC 9112, 7.1.2)."""
+    send = cycle.send
+    expecting = False
+
+    async def send_with_trailers(message: dict[str, Any]) -> None:
+        nonlocal expecting
+        kind = message["type"]
+        if kind == "http.response.start":
+            expecting = bool(message.get("trailers"))
+        elif expecting and kind == "http.response.body" and not message.get("more_body", False):
+            if message.get("body"):
+                await send({"type": "http.response.body", "body": message["body"], "more_body": True})
+            return  # the body ends with the trailers
+        elif kind == "http.response.trailers":
+            if not expecting or cycle.response_complete:
+                return
+            if not cycle.chunked_encoding:  # a body of declared length: no trailers, just its end
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            if cycle.flow.write_paused and not cycle.disconnected:
+                await cycle.flow.drain()
+            if cycle.disconnected:
+                return
+            fields = b"".join(name + b": " + value + b"\r\n" for name, value in message.get("headers", ()))
+            cycle.transport.write(b"0\r\n" + fields + b"\r\n")
+            # what uvicorn's own send does at the end of a body
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                cycle.transport.close()
+            cycle.on_response()
+            return
+        await send(message)
+
+    return send_with_trailers
 
 
 #: Where ``LimitedHttpTools`` (imported by name, as uvicorn's worker processes import their

@@ -6,11 +6,12 @@ torch is imported only when the user's model is a torch model or returns tensors
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
@@ -79,6 +80,11 @@ class Runtime:
         self.on_batch_done: Callable[[list[Item]], None] | None = None
         #: called with the number of items of each forward (the server's batch-size histogram)
         self.on_forward: Callable[[int], None] | None = None
+        #: called on the worker thread with the items of a streamed answer that have new chunks
+        #: (``Item.chunks``) or have ended (``Item.ended``): the server takes the chunks and sends them
+        self.on_stream: Callable[[list[Item]], None] | None = None
+        #: called between the steps of a model that yields (the watchdog sees the batch move on)
+        self.on_progress: Callable[[], None] | None = None
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -170,15 +176,21 @@ class Runtime:
                 it.durations["queue"] = it.durations.get("queue", 0) + waited
             if self.on_forward is not None:
                 self.on_forward(len(members))
+            streams = []
             for it, out in zip(members, self._forward(members, [inputs[i] for i in group])):
-                if it.error is None:
-                    self._answer(it, out)
+                if it.error is None and out is not _STREAMED:
+                    chunks = self._answer(it, out)
+                    if chunks is not None:
+                        streams.append((it, chunks))
+            if streams:
+                self._interleave(streams)
             if self.on_batch_done is not None:  # answered now, not after the batch's other forwards
                 delivered.update(id(it) for it in members)
                 self.on_batch_done(members)
 
-    def _answer(self, it: Item, out: Any) -> None:
-        """Postprocess and serialize one item's output into its body (or its error)."""
+    def _answer(self, it: Item, out: Any) -> Any:
+        """Postprocess and serialize one item's output into its body (or its error); a
+        postprocess that yields is returned, to be streamed."""
         model = self.model
         try:
             if self._post_with_request:
@@ -188,6 +200,8 @@ class Runtime:
         except Exception as exc:
             _fail(it, exc, 500, "postprocess")
             return
+        if inspect.isgenerator(result):  # postprocess yields: the answer streams
+            return result
         t = time.perf_counter_ns()
         try:
             body = serialize(result, it.accept)
@@ -198,6 +212,141 @@ class Runtime:
             _fail(it, exc, 500, "serialize")
         finally:
             it.durations["serialize"] = time.perf_counter_ns() - t
+        return None
+
+    # -- streamed answers --------------------------------------------------------------------
+    def _stream_steps(self, items: list[Item], steps: _Steps) -> None:
+        """A model whose ``infer`` yields: each step's output (for the whole batch: the items
+        keep sharing forwards) is split, postprocessed per item into that item's next chunk
+        (``None``: no chunk this step) and handed to the server, until the generator ends, or
+        every item has failed or its client has left."""
+        gen, step = steps
+        clock = time.perf_counter_ns
+        try:
+            while step is not _END:
+                t = clock()
+                parts = self.model.split(to_host(step), len(items))
+                took = clock() - t
+                for it, part in zip(items, parts):
+                    if it.error is None and not it.cancelled:
+                        it.durations["to_host"] = it.durations.get("to_host", 0) + took
+                        self._chunk(it, part)
+                self._hand_over(items)
+                if all(it.error is not None or it.cancelled for it in items):
+                    break
+                if self.on_progress is not None:
+                    self.on_progress()
+                t = clock()
+                step = self._call(next, gen, _END)
+                took = clock() - t
+                for it in items:
+                    it.durations["infer"] = it.durations.get("infer", 0) + took
+        except Exception as exc:  # chunks may be out already: the items fail, no retry
+            for it in items:
+                if it.error is None:
+                    _fail(it, exc, 500, "forward")
+        finally:
+            _close(gen)
+        self._end_streams(items)
+
+    def _chunk(self, it: Item, output: Any) -> None:
+        """One step's output for one item: postprocessed, serialized as the item's next chunk."""
+        model = self.model
+        try:
+            if self._post_with_request:
+                result = _hook(it, "postprocess", model.postprocess, output, it.payload)
+            else:
+                result = _hook(it, "postprocess", model.postprocess, output)
+        except Exception as exc:
+            _fail(it, exc, 500, "postprocess")
+            return
+        if inspect.isgenerator(result):
+            self._stream_result(it, result)
+        elif result is not None:
+            self._add_chunk(it, result)
+
+    def _stream_result(self, it: Item, chunks: Any) -> None:
+        """A postprocess that yields, within a step: each chunk handed over as it is made."""
+        self._interleave([(it, chunks)], end=False)
+
+    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True) -> None:
+        """The items' postprocess generators, a chunk of each in turn (a batch's answers all
+        start streaming, not one after the other), each chunk handed over as it is made."""
+        clock = time.perf_counter_ns
+        live = list(streams)
+        while live:
+            for pair in list(live):
+                it, chunks = pair
+                done = it.cancelled or it.error is not None
+                if not done:
+                    t = clock()
+                    chunk = None
+                    try:
+                        chunk = next(chunks)
+                    except StopIteration:
+                        done = True
+                    except Exception as exc:
+                        _fail(it, exc, 500, "postprocess")
+                        done = True
+                    it.durations["postprocess"] = it.durations.get("postprocess", 0) + clock() - t
+                    if chunk is not None:
+                        self._add_chunk(it, chunk)
+                        self._hand_over([it])
+                if done:
+                    _close(chunks)
+                    live.remove(pair)
+        if end:
+            self._end_streams([it for it, _ in streams])
+
+    def _add_chunk(self, it: Item, result: Any) -> None:
+        t = time.perf_counter_ns()
+        try:
+            data = serialize(result, "json")
+            if b"null" in data and _nonfinite(result):
+                raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
+        except Exception as exc:
+            _fail(it, exc, 500, "serialize")
+            return
+        finally:
+            it.durations["serialize"] = it.durations.get("serialize", 0) + time.perf_counter_ns() - t
+        chunk = b"data: " + data + b"\n\n" if it.accept == "sse" else data + b"\n"
+        if it.chunks is None:  # the first: what the head's Server-Timing says
+            it.chunks = []
+            it.head_timing = dict(it.durations)
+            it.first_ns = time.perf_counter_ns()
+        it.chunks.append(chunk)
+
+    def _end_streams(self, items: list[Item]) -> None:
+        """The streams of these items are over (a stream that made no chunk is an empty one,
+        unless the item failed before it began: then it is an error answer as any other)."""
+        ended = []
+        for it in items:
+            if it.chunks is None and it.error is not None:
+                continue
+            if it.chunks is None:
+                it.chunks, it.head_timing, it.first_ns = [], dict(it.durations), 0
+            it.ended = True
+            ended.append(it)
+        self._hand_over(ended)
+
+    def _hand_over(self, items: list[Item]) -> None:
+        ready = [it for it in items if it.chunks or (it.ended and it.chunks is not None)]
+        if not ready:
+            return
+        if self.on_stream is not None:
+            self.on_stream(ready)
+        else:  # warm-up, tests: nobody to send to
+            for it in ready:
+                it.chunks = []
+
+    @staticmethod
+    def _call(fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` under ``torch.inference_mode()`` where torch is in use."""
+        torch = _torch()
+        if torch is None:
+            return fn(*args)
+        with torch.inference_mode():
+            return fn(*args)
 
     def _groups(self, inputs: list[Any]) -> list[list[int]]:
         """The batch's items (their indexes) in forwards of similar length: sorted by length,
@@ -226,9 +375,14 @@ class Runtime:
         return groups
 
     def _forward(self, items: list[Item], inputs: list[Any]) -> list[Any]:
-        """Collate, copy, forward, copy back and split; on failure retry one by one."""
+        """Collate, copy, forward, copy back and split; on failure retry one by one. A model
+        that yields streams its items' answers here (their outputs are ``_STREAMED``)."""
         try:
-            return self._batched(items, inputs)
+            outs = self._batched(items, inputs)
+            if isinstance(outs, _Steps):
+                self._stream_steps(items, outs)
+                return [_STREAMED] * len(items)
+            return outs
         except Exception as exc:
             if len(items) == 1:
                 _fail(items[0], exc, 500, "forward")
@@ -237,7 +391,12 @@ class Runtime:
         outs = []
         for it, x in zip(items, inputs):  # batch-mates of a bad item still get answers
             try:
-                outs.append(self._batched([it], [x])[0])
+                out = self._batched([it], [x])
+                if isinstance(out, _Steps):
+                    self._stream_steps([it], out)
+                    outs.append(_STREAMED)
+                else:
+                    outs.append(out[0])
             except Exception as exc:
                 _fail(it, exc, 500, "forward")
                 outs.append(None)
@@ -252,28 +411,27 @@ class Runtime:
             )  # fmt: skip
         return outs
 
-    def _batched(self, items: list[Item], inputs: list[Any]) -> list[Any]:
-        torch = _torch()
+    def _batched(self, items: list[Item], inputs: list[Any]) -> list[Any] | _Steps:
         # one trace for the batch, on the device's clock: the model's own servescope.stage()s
         # inside collate or infer count under their names; every item waited for all of it
         batch_trace = Trace(clock=self.clock)
+        steps = None
         try:
             with batch_trace:
                 with stage("to_device"):
                     batch = self._to_device(self.model.collate(inputs))
                 with stage("infer"):
-                    if torch is not None:
-                        with torch.inference_mode():
-                            out = self.model.infer(batch)
-                    else:
-                        out = self.model.infer(batch)
-                with stage("to_host"):
-                    out = to_host(out)
+                    out = self._call(self.model.infer, batch)
+                    if inspect.isgenerator(out):  # infer yields: its first step is this forward
+                        steps = _Steps(out, self._call(next, out, _END))
+                if steps is None:
+                    with stage("to_host"):
+                        out = to_host(out)
         finally:
             shared = {k: v for k, v in batch_trace.durations_ns.items() if k != OTHER}
             for it in items:
                 it.durations.update(shared)
-        return self.model.split(out, len(items))
+        return steps if steps is not None else self.model.split(out, len(items))
 
     def _to_device(self, batch: Any) -> Any:
         if self.device == "cpu":  # preprocess made it on the CPU: nothing to move
@@ -287,6 +445,27 @@ class Runtime:
             buf = self._pinned[key] = batch.new_empty(batch.shape).pin_memory()
         buf.copy_(batch)
         return buf.to(self.device, non_blocking=True)
+
+
+#: The output of an item whose answer was streamed as its model yielded.
+_STREAMED = object()
+#: The end of a model's generator.
+_END = object()
+
+
+class _Steps(NamedTuple):
+    """A forward whose ``infer`` yields: the generator, and its first step's output."""
+
+    gen: Any
+    first: Any
+
+
+def _close(gen: Any) -> None:
+    """Close the model's generator (its ``finally`` runs now); what it raises there is logged."""
+    try:
+        gen.close()
+    except Exception as exc:
+        log.warning("servescope: closing the model's generator raised %s: %s", type(exc).__name__, exc)
 
 
 def _hook(item: Item, name: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -40,11 +40,14 @@ ENV_TARGET, ENV_OPTIONS, ENV_DIR = "SERVESCOPE_WORKER_TARGET", "SERVESCOPE_WORKE
 #: A snapshot older than this is of a worker that stopped writing (stuck or gone): left out.
 STALE_S = 30.0
 _LIMIT_OPTIONS = ("max_header_bytes", "header_timeout_s", "max_connections")
+#: The file a worker whose start-up failed writes its reason to, in the shared folder.
+FAILED = "failed"
 
 
-def run_workers(target: str, workers: int, *, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
+def run_workers(target: str, workers: int, *, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> str | None:
     """Serve ``target`` (a ``Model`` subclass, as ``path/to/file.py:Name``) from ``workers``
-    processes on one port, until SIGINT/SIGTERM."""
+    processes on one port, until SIGINT/SIGTERM, or until a worker's loading or warm-up fails:
+    then every worker is stopped and the failure is returned (None after a signal)."""
     import uvicorn
 
     if not isinstance(workers, int) or workers < 2:
@@ -62,11 +65,31 @@ def run_workers(target: str, workers: int, *, host: str = "127.0.0.1", port: int
             }
         )
         protocol = {"http": "servescope.serve.limits:LimitedHttpTools"} if limited_httptools(limits) is not None else {}
+        failed = Path(shared) / FAILED
+        stop = threading.Event()
+        threading.Thread(target=_stop_on_failure, args=(failed, stop), name="servescope-failures", daemon=True).start()
         uvicorn.run(
             "servescope.serve.workers:worker_app", factory=True, workers=workers, host=host, port=port,
             limit_concurrency=limits.max_connections, h11_max_incomplete_event_size=limits.max_header_bytes,
             log_level="warning", access_log=False, timeout_graceful_shutdown=30, **protocol,
         )  # fmt: skip
+        stop.set()
+        try:
+            return failed.read_text() or "a worker failed to start"
+        except OSError:
+            return None
+
+
+def _stop_on_failure(failed: Path, stop: threading.Event) -> None:
+    """The supervisor's watch: a worker that could not load or warm up writes ``failed``; then
+    the supervisor stops (SIGTERM to itself: uvicorn stops every worker), rather than serve 503
+    for ever from a model that cannot start (the other workers would fail the same way)."""
+    import signal
+
+    while not stop.wait(0.2):
+        if failed.exists():
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 def worker_app() -> ServeApp:
@@ -91,7 +114,16 @@ def worker_app() -> ServeApp:
 
     app = ServeApp(model, report_source=merged, merged_metrics=True, timing_suffix=f', replica;desc="{name}"', **options)
     threading.Thread(target=_snapshots, args=(app, mine), name="servescope-snapshots", daemon=True).start()
+    threading.Thread(target=_say_failure, args=(app, shared / FAILED), name="servescope-start", daemon=True).start()
     return app
+
+
+def _say_failure(app: ServeApp, failed: Path) -> None:
+    """Tell the supervisor when this worker's start-up failed (the reason, for its exit)."""
+    if app.wait_started() == "failed":
+        tmp = failed.with_name(f"{FAILED}.{os.getpid()}")
+        tmp.write_text(f"{app.failure}")
+        tmp.replace(failed)
 
 
 def combined(own: Report, shared: Path, *, exclude: Path) -> Report:

@@ -1,0 +1,187 @@
+"""Models that yield, on servescope.serve: batched steps, interleaved chunks, a client that
+leaves, failures mid-stream, the watchdog, and the figures the report keeps (#15)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import torch
+
+import servescope
+from servescope.report import Report
+from servescope.serve.batching import Batcher, Item
+from servescope.serve.runtime import Runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _served(app, requests):
+    """Each request's (status, content type, body) from the app, all sent at once."""
+
+    async def go():
+        await app.startup()
+        assert await app.wait_ready(120) == "ready", app.failure
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            answers = await asyncio.gather(*(client.post("/predict", json=body, headers=headers) for body, headers in requests))
+        await app.shutdown()
+        return [(r.status_code, r.headers.get("content-type"), r.text) for r in answers]
+
+    return asyncio.run(go())
+
+
+def _generate():
+    sys.path.insert(0, str(ROOT / "examples" / "serve"))
+    try:
+        from generate import Generate
+    finally:
+        sys.path.pop(0)
+    return Generate
+
+
+def test_the_generation_example_streams_each_request_its_own_tokens_in_a_shared_batch():
+    Generate = _generate()
+    bodies = [{"prompt": "the weather today", "max_tokens": 6}, {"prompt": "a much longer prompt about other things entirely", "max_tokens": 3}]
+    alone = [_served(servescope.serve(Generate(), max_batch_size=1), [(b, {})])[0] for b in bodies]
+    app = servescope.serve(Generate(), max_batch_size=4)
+    together = _served(app, [(b, {}) for b in bodies * 2])
+    for status, ctype, _ in together:
+        assert status == 200 and ctype == "application/x-ndjson"
+    tokens = [[json.loads(line)["token"] for line in text.splitlines()] for _, _, text in together]
+    assert [len(t) for t in tokens] == [6, 3, 6, 3]  # max_tokens per request, in one batch
+    assert [t for _, _, t in together] == [t for _, _, t in alone] * 2  # left padding changes no token
+    assert app.batcher.batches < 4  # the four requests shared forwards (warm-up runs outside the batcher)
+
+
+def test_server_sent_events_and_each_request_recorded_with_its_stream_figures():
+    Generate = _generate()
+    app = servescope.serve(Generate(), max_batch_size=4)
+    (status, ctype, text), = _served(app, [({"prompt": "hi", "max_tokens": 4}, {"Accept": "text/event-stream"})])
+    assert status == 200 and ctype == "text/event-stream"
+    events = [e for e in text.split("\n\n") if e]
+    assert len(events) == 4 and all(e.startswith("data: {") for e in events)
+    report = app.recorder.report()
+    assert report.streaming.responses == 1 and report.streaming.chunks == 4 and report.streaming.chunk_gap["count"] == 3
+    again = Report.from_json(report.to_json())
+    assert again.streaming.first_chunk == report.streaming.first_chunk
+    both = Report.combine([report, again])
+    assert both.streaming.responses == 2 and both.streaming.chunk_gap["count"] == 6
+
+
+class Words(servescope.Model):
+    """postprocess yields one chunk per word; a word "boom" fails mid-stream."""
+
+    example = {"text": "a b"}
+    closed: list[str] = []
+
+    def load(self, device):
+        return torch.nn.Identity()
+
+    def preprocess(self, request):
+        return torch.zeros(1)
+
+    def postprocess(self, output, request):
+        try:
+            for word in request["text"].split():
+                if word == "boom":
+                    raise RuntimeError("boom")
+                yield {"word": word}
+        finally:
+            Words.closed.append(request["text"])
+
+
+def test_a_batchs_postprocess_generators_take_turns_chunk_by_chunk():
+    runtime = Runtime(Words())
+    runtime.load()
+    order = []
+    runtime.on_stream = lambda items: [order.append((it.payload["text"], len(it.chunks), it.ended)) or setattr(it, "chunks", []) for it in items]
+    items = [Item({"text": "a b c"}), Item({"text": "x y"})]
+    runtime.process(items)
+    firsts = [text for text, n, ended in order if n]
+    assert firsts[:4] == ["a b c", "x y", "a b c", "x y"]  # both answers start before either ends
+    assert all(it.ended and it.error is None for it in items)
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error_line_and_is_counted_failed():
+    app = servescope.serve(Words(), max_batch_size=2)
+    (status, _, text), = _served(app, [({"text": "one two boom three"}, {})])
+    lines = [json.loads(x) for x in text.splitlines()]
+    assert status == 200  # the status went out with the first chunk
+    assert lines[:2] == [{"word": "one"}, {"word": "two"}]
+    assert lines[2]["error"] == "internal error in the model's postprocess" and "request_id" in lines[2] and len(lines) == 3
+    assert app.recorder.report().errors == {"stream failed": 1}
+
+
+def test_a_client_that_leaves_stops_the_models_generator():
+    Words.closed.clear()
+    runtime = Runtime(Words())
+    runtime.load()
+    item = Item({"text": "w " * 1000})
+
+    def leave(items):  # the server saw the client go after the first chunk
+        for it in items:
+            it.chunks = []
+            it.cancelled = True
+
+    runtime.on_stream = leave
+    runtime.process([item])
+    assert Words.closed == [item.payload["text"]]  # closed (its finally ran), not run to the end
+    assert item.durations["postprocess"] < 1e9
+
+
+class Steps(servescope.Model):
+    example = {"n": 1}
+
+    def load(self, device):
+        return torch.nn.Identity()
+
+    def preprocess(self, request):
+        return torch.tensor(request["n"])
+
+    def infer(self, batch):
+        for step in range(int(batch.max())):
+            yield torch.where(batch > step, step, -1)
+
+    def postprocess(self, step):
+        return None if int(step) < 0 else int(step)
+
+
+def test_each_step_tells_the_watchdog_the_batch_moves_on():
+    now = [0]
+    batcher = Batcher(lambda items: None, clock=lambda: now[0])
+    runtime = Runtime(Steps())
+    runtime.load()
+    seen = []
+
+    def progress():
+        now[0] += 10**9
+        batcher.progress()
+        seen.append(batcher.batch_started_ns)
+
+    runtime.on_progress = progress
+    batcher.busy = True
+    batcher.batch_started_ns = 0
+    runtime.process([Item({"n": 4}), Item({"n": 2})])
+    assert seen == [10**9, 2 * 10**9, 3 * 10**9, 4 * 10**9]  # after each of the four steps: never "stuck" while it steps
+
+
+def test_the_streaming_figures_travel_in_deltas_and_to_metrics():
+    from servescope.recorder import Recorder
+
+    rec = Recorder(deltas=True)
+    rec.record_ns({"infer": 5_000_000}, 30_000_000)
+    rec.record_stream(10_000_000, [5_000_000, 7_000_000])
+    delta = rec.take_delta()
+    assert delta.streaming.responses == 1 and delta.streaming.chunks == 3
+    assert delta.streaming.chunk_gap["max_ms"] == 7.0
+    prometheus_client = __import__("prometheus_client")
+    from servescope.exporters import RecorderCollector
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(RecorderCollector(rec))
+    text = prometheus_client.generate_latest(registry).decode()
+    assert "servescope_time_to_first_chunk_seconds_count 1.0" in text
+    assert "servescope_chunk_gap_seconds_count 2.0" in text
