@@ -29,6 +29,10 @@ class Model:
     for a dict, as transformers models take it). ``postprocess(self, output, request)`` may
     take the validated request as a second argument (per-request options: ``top_k``, a
     threshold). ``self.model`` and ``self.device`` are set once ``load`` has returned.
+
+    A model whose ``infer`` yields (one step for the whole batch: a decoder's next tokens) or
+    whose ``postprocess`` yields (chunks of one answer) streams its answers: JSON lines, or
+    Server-Sent Events for ``Accept: text/event-stream`` (docs/serve.md, "Streaming").
     """
 
     #: A payload the runtime uses to warm up (each batch size it will use) before /ready.
