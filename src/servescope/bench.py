@@ -44,6 +44,9 @@ NETWORK = "network+client"
 #: queueing, plus the network and the client.
 PROXY = "proxy+network"
 _REPLICA = re.compile(rb'replica;\s*desc="?([^",;]+)')
+#: A streamed response: from its head to its last byte (the server's Server-Timing, sent with
+#: the head, covers the time before it: the rest of the stream is this stage).
+AFTER_HEAD = "stream_after_head"
 #: Open loop only: time a request waited for its send slot (a free connection, or a late
 #: scheduler); part of the latency a user would see.
 CLIENT_WAIT = "client_wait"
@@ -162,9 +165,11 @@ def results_report(
             continue
         from_send = (done - sent) / 1e6
         uncorrected.add(from_send)
+        head_ns = None
         if result.stream is not None and (result.stream[0] == SSE or len(result.stream[2]) > 1):
             # a chunked response in one chunk is a plain one (raw ASGI apps chunk every answer)
             streams.append(Streamed(start, *result.stream))
+            head_ns = result.stream[1]
             oks.append((latency, len(streams) - 1))
         elif slo is not None:
             oks.append((latency, -1))
@@ -184,7 +189,11 @@ def results_report(
                 if total is not None and total > covered:  # server time outside its stages
                     stages[OTHER] = stages.get(OTHER, 0.0) + total - covered
                 server = total if total is not None else covered
-                stages[PROXY if b"upstream;" in st else NETWORK] = max(from_send - server, 0.0)
+                if head_ns is None:
+                    stages[PROXY if b"upstream;" in st else NETWORK] = max(from_send - server, 0.0)
+                else:  # a streamed answer's head says the server's time up to the head
+                    stages[PROXY if b"upstream;" in st else NETWORK] = max((head_ns - sent) / 1e6 - server, 0.0)
+                    stages[AFTER_HEAD] = max((done - head_ns) / 1e6, 0.0)
                 m = _REPLICA.search(st)
                 if m:
                     replica = m.group(1).decode("latin-1")
