@@ -1,8 +1,10 @@
-"""Small ASGI apps for end-to-end tests: a fixed delay, a one-time stall, Server-Timing."""
+"""Small ASGI apps for end-to-end tests: a fixed delay, a one-time stall, Server-Timing,
+token streams (plain, and OpenAI-compatible)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -40,11 +42,72 @@ async def stream(scope, send):
     await send({"type": "http.response.body", "body": b""})
 
 
+async def openai(scope, body, send):
+    """An OpenAI-compatible server: ``/v1/chat/completions`` and ``/v1/completions`` answer
+    with ``max_tokens`` tokens (default 16), the first ``ttft_ms`` after the request (query,
+    default 100), then one every ``gap_ms`` (default 20), on absolute deadlines. Streamed as
+    OpenAI streams: a chat stream's role event comes at once, with empty content (not a
+    token); ``"usage": null`` in each event, and with ``stream_options.include_usage`` a last
+    event with ``usage`` and no choices (``usage=0`` in the query: never); ``per_event=2``
+    puts two tokens in each event. ``"stream": false``: one JSON answer with its usage, when
+    the last token is due. ``/v1/models`` lists ``test-model``."""
+    q = dict(kv.split("=", 1) for kv in scope["query_string"].decode().split("&") if "=" in kv)
+    if scope["path"] == "/v1/models":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"object": "list", "data": [{"id": "test-model", "object": "model"}]}'})
+        return
+    req = json.loads(body)
+    chat = scope["path"] == "/v1/chat/completions"
+    ttft, gap = float(q.get("ttft_ms", 100)) / 1e3, float(q.get("gap_ms", 20)) / 1e3
+    tokens, per_event = int(req.get("max_tokens", 16)), int(q.get("per_event", 1))
+    prompt = " ".join(m["content"] for m in req["messages"]) if chat else req["prompt"]
+    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens, "total_tokens": len(prompt.split()) + tokens}
+    with_usage = (req.get("stream_options") or {}).get("include_usage") and q.get("usage") != "0"
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    t0 = time.perf_counter()
+
+    async def until(k):
+        await asyncio.sleep(max(0.0, t0 + ttft + k * gap - time.perf_counter()))
+
+    def choice(text, finish=None):
+        out = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+        return {**out, "finish_reason": finish}
+
+    if not req.get("stream"):
+        events = -(-tokens // per_event)
+        await until(events - 1)
+        text = "".join(f"tok{k} " for k in range(tokens))
+        msg = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat else choice(text, "length")
+        answer = {"id": "x", "object": "chat.completion" if chat else "text_completion", "model": req["model"], "choices": [msg], "usage": usage}
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+
+    async def event(data):
+        await send({"type": "http.response.body", "body": b"data: " + json.dumps(data).encode() + b"\n\n", "more_body": True})
+
+    base = {"id": "x", "object": kind, "model": req["model"]}
+    null = {"usage": None} if with_usage else {}
+    if chat:  # the role first, at once: not a token
+        await event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], **null})
+    for e, k in enumerate(range(0, tokens, per_event)):
+        await until(e)
+        text = "".join(f"tok{j} " for j in range(k, min(k + per_event, tokens)))
+        await event({**base, "choices": [choice(text)], **null})
+    await event({**base, "choices": [{**choice(""), "finish_reason": "length"}], **null})  # empty: not a token
+    if with_usage:
+        await event({**base, "choices": [], "usage": usage})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def app(scope, receive, send):
     """``/delay`` sleeps DELAY_S and says so in Server-Timing; ``/stall`` stalls the whole
     server (a blocking sleep on the event loop) once, 1 s after its first request; ``/fast``
     answers at once; ``/error`` answers 503; ``/reject`` answers 422 with a body and Server-Timing;
-    ``/stream`` streams tokens (``stream``); ``/one-at-a-time`` serves one request at a time."""
+    ``/stream`` streams tokens (``stream``); ``/one-at-a-time`` serves one request at a time;
+    ``/v1/...`` is an OpenAI-compatible server (``openai``)."""
     if scope["type"] == "lifespan":
         while True:
             msg = await receive()
@@ -77,6 +140,9 @@ async def app(scope, receive, send):
             time.sleep(0.5)  # blocks the loop: every request in flight or arriving waits
     elif path == "/stream":
         await stream(scope, send)
+        return
+    elif path.startswith("/v1/"):
+        await openai(scope, body, send)
         return
     elif path == "/one-at-a-time":  # a fixed service rate: one request at a time, SERVICE_S each
         time.sleep(SERVICE_S)  # blocks the loop: the next request waits, as on a busy worker

@@ -50,6 +50,17 @@ def exit_code(args: list[str]) -> int:
         (["bench", "http://127.0.0.1:9/", "--find-max"], "--find-max needs --slo"),
         (["bench", "http://127.0.0.1:9/", "--find-max", "--slo", "p99<1s", "-c", "4"], "--find-max searches open-loop rates"),
         (["bench", "http://127.0.0.1:9/", "--search-resolution", "150%"], "between 0% and 100%"),
+        (["bench", "http://127.0.0.1:9/v1/completions", "--prompt", "hi"], "--prompt, --model and --max-tokens go with --openai"),
+        (["bench", "http://127.0.0.1:9/predict", "--openai", "--prompt", "hi"], "ending in /v1/chat/completions or /v1/completions"),
+        (["bench", "http://127.0.0.1:9/v1/completions", "--openai"], "--openai needs prompts"),
+        (["bench", "http://127.0.0.1:9/v1/completions", "--openai", "--prompt", "hi"], "listed no model"),
+        (["bench", "http://127.0.0.1:9/v1/completions", "--openai", "--body", "b.json"], "not --body"),
+        (["bench", "http://127.0.0.1:9/", "--file", "image"], "expected FIELD=PATH"),
+        (["bench", "http://127.0.0.1:9/", "--file", "image=/nonexistent/cat.jpg"], "cannot read body file"),
+        (["bench", "http://127.0.0.1:9/", "--file", "image=x.jpg", "--body", "b.json"], "--file sends one form upload"),
+        (["bench", "http://127.0.0.1:9/", "--data", "/nonexistent/d.jsonl"], "cannot read data file"),
+        (["bench", "http://127.0.0.1:9/", "--data", "d.jsonl", "--body", "b.json"], "give --body or --data, not both"),
+        (["bench", "http://127.0.0.1:9/", "--order", "shuffled"], "invalid choice: 'shuffled'"),
     ],
 )
 def test_bad_arguments_get_one_line_and_exit_2(args, message, capsys):
@@ -57,6 +68,18 @@ def test_bad_arguments_get_one_line_and_exit_2(args, message, capsys):
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_data_line_that_is_not_json_is_named_in_one_line(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a"}\n\n{"text": oops}\n')
+    assert exit_code(["bench", "http://127.0.0.1:9/", "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"data file {str(data)!r} line 3 is not JSON" in err and len(err.strip().splitlines()) == 1
+    data.write_text('{"prompt": "a"}\n{"question": "b"}\n')
+    assert exit_code(["bench", "http://127.0.0.1:9/v1/completions", "--openai", "--model", "m", "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2: expected a prompt" in err and len(err.strip().splitlines()) == 1
 
 
 def test_report_of_a_truncated_file_is_one_line(tmp_path, capsys):

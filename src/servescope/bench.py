@@ -22,7 +22,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .exceptions import ConfigError, EndpointError, ServerTimingError
+from .inputs import send_order, size_buckets
 from .loadgen import OVERSIZED, SSE, LoadGenerator, Result, URL, build_requests, error_kind
+from .openai_api import token_stats
 from .recorder import Recorder
 from .report import Report
 from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo
@@ -83,6 +85,16 @@ class BenchOptions:
     seed: int | None = None
     #: objectives to judge each level on (``SLO.parse("p99<200ms")``): goodput, and met or not
     slo: SLO | None = None
+    #: how the bodies are sent: "cycle" (in order, again and again) or "random" (each pass
+    #: over them shuffled, seeded by ``seed``)
+    order: str = "cycle"
+    #: an OpenAI-compatible endpoint, "chat" or "completions" (bodies from ``openai_api.request_bodies``):
+    #: its output tokens are counted (``load.tokens``)
+    openai: str | None = None
+    model: str | None = None
+    #: each body's input size, for ``load.by_size`` (default: its length in bytes), and the unit
+    sizes: list[int] | None = None
+    size_unit: str = "bytes"
 
     def __post_init__(self) -> None:
         self.target = URL.parse(self.url)
@@ -109,16 +121,32 @@ class BenchOptions:
             raise ConfigError("warm-up must be >= 0 and timeout > 0")
         if self.bodies and self.method == "GET":
             self.method = "POST"
+        if self.openai not in (None, "chat", "completions"):
+            raise ConfigError(f"openai must be 'chat' or 'completions', got {self.openai!r}")
+        if self.sizes is not None and len(self.sizes) != len(self.bodies):
+            raise ConfigError(f"sizes must give one size per body: {len(self.sizes)} for {len(self.bodies)} bodies")
+        #: which body each request of the list the generator cycles is (one list for every generator)
+        self.send_order = send_order(len(self.bodies) or 1, self.order, seed=self.seed)
 
     @property
     def levels(self) -> list[tuple[str, float]]:
         return [("concurrency", c) for c in self.concurrency] + [("rate", r) for r in self.rate]
 
     def raw_requests(self) -> list[bytes]:
-        return build_requests(
+        """The requests the generator cycles, in ``order``."""
+        raw = build_requests(
             self.target, method=self.method, bodies=self.bodies or None, headers=self.headers,
             content_type=self.content_type,
         )  # fmt: skip
+        return raw if self.order == "cycle" else [raw[i] for i in self.send_order]
+
+    def report_options(self) -> dict[str, Any]:
+        """What ``results_report`` needs to know of the requests: the API, and each one's input size."""
+        sizes = self.sizes if self.sizes is not None else [len(b) for b in self.bodies]
+        return {
+            "openai": self.openai, "model": self.model, "size_unit": self.size_unit,
+            "sizes": [sizes[i] for i in self.send_order] if sizes else None,
+        }  # fmt: skip
 
 
 def results_report(
@@ -131,6 +159,10 @@ def results_report(
     meta: dict[str, Any] | None = None,
     open_loop: bool = False,
     slo: SLO | None = None,
+    openai: str | None = None,
+    model: str | None = None,
+    sizes: list[int] | None = None,
+    size_unit: str = "bytes",
 ) -> Report:
     """A Report from raw results: requests *scheduled* from ``measure_from_ns`` on count.
 
@@ -141,7 +173,9 @@ def results_report(
     ``Result`` had names) are read as Results. Streamed responses add ``load.stream`` (TTFB,
     TTFT, the gaps between tokens: ``streams.stream_stats``; ``open_loop`` corrects the gaps
     for coordinated omission); an ``slo`` adds ``load.slo`` (each objective judged on the run,
-    and the goodput: requests whose own figures met every objective).
+    and the goodput: requests whose own figures met every objective). ``openai`` (the API)
+    adds ``load.tokens`` (output tokens, vLLM's TPOT); ``sizes`` (each request's input size, by
+    ``Result.request``) adds ``load.by_size`` when the sizes differ.
     """
     results = [r if type(r) is Result else Result(*r) for r in results]
     rec = Recorder(keep_samples=0)
@@ -250,6 +284,10 @@ def results_report(
             slo=str(slo), met=all(c.met for c in checks), checks=checks, good=good,
             goodput_rps=round(good / window_s, 2) if measured else 0.0,
         )  # fmt: skip
+    if openai is not None:
+        load.tokens = token_stats(measured, api=openai, model=model, window_s=window_s)
+    if sizes:
+        load.by_size = size_buckets(measured, sizes, unit=size_unit)
     if lags_ns:
         lags = np.asarray(lags_ns, dtype=float) / 1e6
         p99 = float(np.percentile(lags, 99))
@@ -262,7 +300,7 @@ def results_report(
 
 
 async def first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float | None, str | None]:
-    gen = LoadGenerator(options.target, raw[:1], timeout_s=options.timeout_s)
+    gen = LoadGenerator(options.target, raw[:1], timeout_s=options.timeout_s, openai=options.openai is not None)
     results = await gen.closed_loop(concurrency=1, requests=1)
     if not results:
         return None, "no response"
@@ -282,7 +320,8 @@ async def run_level(
     seed: int | None = None,
 ) -> tuple[list[Result], int, int | None, list[int]]:
     gen = LoadGenerator(
-        options.target, raw, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick
+        options.target, raw, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick,
+        openai=options.openai is not None,
     )
     state["gen"] = gen
     t0 = time.perf_counter_ns()
@@ -376,7 +415,7 @@ def run_bench(
                 meta["interrupted"] = True
             rep = results_report(
                 results, measure_from_ns=measure_from, measure_until_ns=until, first_ms=first_ms,
-                lags_ns=lags, meta=meta, open_loop=mode == "rate", slo=options.slo,
+                lags_ns=lags, meta=meta, open_loop=mode == "rate", slo=options.slo, **options.report_options(),
             )  # fmt: skip
             assert rep.load is not None  # results_report made it
             rep.load.first_error = first_err or None

@@ -14,6 +14,10 @@ Streamed responses (chunked transfer encoding, or ``text/event-stream``) also ke
 head arrived and when each chunk (for Server-Sent Events: each event carrying ``data``)
 arrived, one clock read per chunk; a plain response pays only for two header-name lengths
 compared. ``bench.results_report`` turns these into TTFB, TTFT and inter-chunk gaps.
+
+OpenAI-compatible endpoints (``openai=True``): an event is a token only when it carries text,
+and the event with the ``usage`` object (or a plain answer's last 64 KiB) is kept and read
+once, when the response is complete (``usage``); other runs pay nothing for this.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import re
 import ssl
 import time
 from dataclasses import dataclass
@@ -32,8 +37,8 @@ import httptools
 from .exceptions import ConfigError
 
 __all__ = [
-    "CHUNKED", "MAX_SERVER_TIMING_BYTES", "OVERSIZED", "SSE", "LoadGenerator", "Result", "URL", "build_requests",
-    "error_kind", "ok_latencies_ms", "schedule",
+    "CHUNKED", "MAX_SERVER_TIMING_BYTES", "OUTPUT", "OVERSIZED", "SSE", "LoadGenerator", "Result", "URL",
+    "build_requests", "error_kind", "ok_latencies_ms", "schedule", "usage",
 ]  # fmt: skip
 
 _EARLY_NS = 200_000
@@ -76,10 +81,44 @@ class Result(NamedTuple):
     #: a streamed response: ``(CHUNKED or SSE, head_ns, [arrival_ns of each chunk or event])``
     #: (the head: status line and headers); None for a plain response
     stream: tuple[int, int, list[int]] | None = None
+    #: which of the generator's ``requests`` it was (its index), or -1 when not known
+    request: int = -1
+    #: OpenAI-compatible runs: ``(completion_tokens, prompt_tokens or None)`` from the answer's
+    #: ``usage``, or None when it sent none
+    usage: tuple[int, int | None] | None = None
 
 
 #: How much of the first error answer's body is kept.
 ERROR_BODY_BYTES = 512
+#: OpenAI-compatible runs: how much of a plain answer's end is kept to find its ``usage``, and
+#: the longest SSE line kept whole (a longer one is cut: its event then counts by what is kept)
+OPENAI_TAIL_BYTES = 65536
+
+#: OpenAI-compatible runs: an event that carries text, a non-empty ``content``,
+#: ``reasoning_content`` or ``text`` string (a key inside a string is escaped, ``\"text\"``,
+#: so it does not match); and a ``usage`` object (not ``"usage": null``, which OpenAI sends in
+#: every event but the last)
+OUTPUT = re.compile(rb'"(?:content|reasoning_content|text)"\s*:\s*"(?!")')
+USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+
+
+def usage(data: bytes | None) -> tuple[int, int | None] | None:
+    """``(completion_tokens, prompt_tokens or None)`` from the ``usage`` object in ``data`` (an
+    event, or the end of a whole answer), or None when there is none."""
+    if not data:
+        return None
+    m = USAGE.search(data)
+    if m is None:
+        return None
+    rest = data[m.end() : m.end() + 4096]
+    out = _COMPLETION.search(rest)
+    if out is None:
+        return None
+    prompt = _PROMPT.search(rest)
+    return int(out.group(1)), None if prompt is None else int(prompt.group(1))
+
 
 #: Builds a Result without the generated ``__new__``'s Python frame (a third of the cost),
 #: on the per-response path only.
@@ -197,6 +236,10 @@ class _Conn(asyncio.Protocol):
         self.sse_rest = b""  # the start of an SSE line not yet ended (6 bytes say what it is)
         self.sse_data = False  # the SSE event under way has a data field
         self.open = False
+        self.index = -1  # the request in flight: its index in gen.requests
+        self.openai = gen.openai
+        self.usage: bytes | None = None  # OpenAI: the event with the usage object
+        self.tail: bytes | None = None  # OpenAI: the end of an answer that is not SSE (its usage is there)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -222,6 +265,8 @@ class _Conn(asyncio.Protocol):
         if self.kind:
             self.head_ns = time.perf_counter_ns()
             self.chunks = []
+        if self.openai and self.kind != SSE:  # an answer in one piece: its usage is near its end
+            self.tail = b""
 
     def on_chunk_header(self) -> None:
         self.new_chunk = True
@@ -233,6 +278,8 @@ class _Conn(asyncio.Protocol):
             elif self.new_chunk:  # a chunk's bytes may come in several reads: its first read counts
                 self.new_chunk = False
                 self.chunks.append(time.perf_counter_ns())
+        if self.tail is not None:
+            self.tail = (self.tail + body)[-OPENAI_TAIL_BYTES:]
         if self.body is not None and len(self.body) < ERROR_BODY_BYTES:
             self.body += body[: ERROR_BODY_BYTES - len(self.body)]
 
@@ -242,6 +289,10 @@ class _Conn(asyncio.Protocol):
         if self.sse_rest:
             body = self.sse_rest + body
         lines = body.split(b"\n")
+        if self.openai:
+            self.sse_rest = lines.pop()[:OPENAI_TAIL_BYTES]
+            self._openai_events(lines)
+            return
         self.sse_rest = lines.pop()[:13]  # enough of a split line to tell "data:" (and "data: [DONE]")
         now = 0
         for line in lines:
@@ -252,6 +303,20 @@ class _Conn(asyncio.Protocol):
             elif line[:5] == b"data:" or line.rstrip(b"\r") == b"data":
                 if line[5:].strip() != b"[DONE]":  # OpenAI's end-of-stream marker: not a token
                     self.sse_data = True
+
+    def _openai_events(self, lines: list[bytes]) -> None:
+        """OpenAI's events: a token when it carries text; the one with ``usage`` is kept."""
+        now = 0
+        for line in lines:
+            if not line or line == b"\r":
+                if self.sse_data:
+                    self.sse_data = False
+                    self.chunks.append(now or (now := time.perf_counter_ns()))  # type: ignore[union-attr]
+            elif line[:5] == b"data:":
+                if OUTPUT.search(line):
+                    self.sse_data = True
+                if USAGE.search(line):
+                    self.usage = line
 
     def on_header(self, name: bytes, value: bytes) -> None:
         n = len(name)
@@ -293,6 +358,9 @@ class _Conn(asyncio.Protocol):
             if self.kind == SSE or len(self.chunks) > 1:
                 stream = (self.kind, self.head_ns, self.chunks)
             self.chunks, self.kind, self.sse_rest, self.sse_data = None, 0, b"", False
+        tokens = None
+        if self.openai:
+            tokens, self.usage, self.tail = usage(self.usage or self.tail), None, None
         if cur is None:  # a response nobody asked for (after a timeout): ignore it
             return
         gen = self.gen
@@ -301,7 +369,7 @@ class _Conn(asyncio.Protocol):
             if gen.first_error_body is None:
                 gen.first_error_body = f"HTTP {parser.get_status_code()}: " + self.body.decode("utf-8", "replace")
             self.body = None
-        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None, stream))
+        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None, stream, self.index, tokens))
         if not parser.should_keep_alive():
             self.open = False
             self.transport.close()  # type: ignore[union-attr]
@@ -311,14 +379,17 @@ class _Conn(asyncio.Protocol):
             gen.sent += 1
             now = time.perf_counter_ns()
             self.cur = [now, now]
-            self.transport.write(reqs[gen.sent % len(reqs)])  # type: ignore[union-attr]
+            self.index = i = gen._next % len(reqs)  # in order: the next of the list, whoever sends
+            gen._next += 1
+            self.transport.write(reqs[i])  # type: ignore[union-attr]
             if gen._limit is not None and gen.sent >= gen._limit:
                 gen._fast = False
             return
         gen._complete(self, result)
 
-    def send(self, request: bytes, cur: list[Any]) -> None:
+    def send(self, request: bytes, cur: list[Any], index: int = -1) -> None:
         self.cur = cur
+        self.index = index
         cur[1] = now = time.perf_counter_ns()
         if cur[0] is None:  # closed loop: scheduled when sent
             cur[0] = now
@@ -326,13 +397,13 @@ class _Conn(asyncio.Protocol):
 
     def _drop(self, kind: str) -> None:
         cur, self.cur = self.cur, None
-        self.st = self.more = self.body = self.chunks = None
+        self.st = self.more = self.body = self.chunks = self.usage = self.tail = None
         self.kind, self.sse_rest, self.sse_data = 0, b"", False
         self.open = False
         if self.transport is not None:
             self.transport.close()
         if cur is not None:
-            self.gen._complete(self, Result(cur[0], cur[1], time.perf_counter_ns(), 0, None, kind))
+            self.gen._complete(self, Result(cur[0], cur[1], time.perf_counter_ns(), 0, None, kind, None, self.index))
 
 
 class LoadGenerator:
@@ -351,12 +422,15 @@ class LoadGenerator:
         max_connections: int = 1024,
         on_tick: Callable[[LoadGenerator], None] | None = None,
         max_server_timing_bytes: int = MAX_SERVER_TIMING_BYTES,
+        openai: bool = False,
     ) -> None:
         if not requests:
             raise ConfigError("no request to send")
         if not isinstance(max_server_timing_bytes, int) or max_server_timing_bytes < 0:
             raise ConfigError(f"max_server_timing_bytes must be a whole number >= 0, got {max_server_timing_bytes!r}")
         self.max_server_timing_bytes = max_server_timing_bytes
+        #: an OpenAI-compatible endpoint: tokens are events with text, ``Result.usage`` is read
+        self.openai = openai
         #: "HTTP 422: <its body>" for the first answer >= 400 of the run, to say why requests fail
         self.first_error_body: str | None = None
         self.target = target
@@ -392,16 +466,13 @@ class LoadGenerator:
         self.conns.append(conn)
         return conn
 
-    def _request_bytes(self) -> bytes:
-        reqs = self.requests
-        r = reqs[self._next % len(reqs)]
-        self._next += 1
-        return r
-
     def _send(self, conn: _Conn, scheduled_ns: int | None) -> None:
         self.sent += 1
         self.in_flight += 1
-        conn.send(self._request_bytes(), [scheduled_ns, 0])
+        reqs = self.requests
+        i = self._next % len(reqs)
+        self._next += 1
+        conn.send(reqs[i], [scheduled_ns, 0], i)
 
     def _complete(self, conn: _Conn, result: Result) -> None:
         self.results.append(result)

@@ -32,6 +32,7 @@ __all__ = [
     "SECTIONS",
     "Section",
     "ServerTimingCounts",
+    "SizeBucket",
     "Slo",
     "SloCheck",
     "Stream",
@@ -39,6 +40,7 @@ __all__ = [
     "Sweep",
     "SweepRow",
     "Timeline",
+    "Tokens",
     "Unattributed",
     "V1_FIELDS",
     "Verdict",
@@ -194,6 +196,76 @@ class Stream(Section):
 
 
 @dataclass(kw_only=True)
+class Tokens(Section):
+    """Output tokens of an OpenAI-compatible endpoint (``bench --openai``), counted as vLLM's
+    benchmark counts them: docs/bench.md defines each figure and where they differ.
+
+    Combined: counts summed, ``tpot`` recomputed from the merged distributions;
+    ``output_tokens_per_s`` and ``total_tokens_per_s`` (each run's own window) left out, with a note."""
+
+    #: "chat" (/v1/chat/completions) or "completions" (/v1/completions)
+    api: str = "chat"
+    model: str | None = None
+    #: successful responses, and the output tokens they carried
+    responses: int = 0
+    output_tokens: int = 0
+    #: how each response's count was had: its ``usage.completion_tokens``, its streamed events
+    #: with text (the server sent no usage), or neither (a plain answer without usage: not counted)
+    from_usage: int = 0
+    from_deltas: int = 0
+    uncounted: int = 0
+    #: ``usage.prompt_tokens`` summed, when every response counted from usage had it
+    input_tokens: int | None = None
+    #: output tokens of the measured window, per second of it
+    output_tokens_per_s: float | None = None
+    #: input and output tokens, per second (when ``input_tokens`` is known)
+    total_tokens_per_s: float | None = None
+    #: per request with two tokens or more: (latency - TTFT) / (output tokens - 1), vLLM's TPOT
+    tpot: Summary | None = None
+    distributions: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def combine(cls, parts: list[Any], notes: Notes) -> Tokens | None:
+        have: list[Tokens] = [p for p in parts if p is not None]
+        if not have:
+            return None
+        for name in ("output_tokens_per_s", "total_tokens_per_s"):
+            if any(getattr(p, name) is not None for p in have):
+                notes[f"load.tokens.{name}"] = "each run's rate is over its own window, which may or may not overlap the others'"
+        out = cls(api="+".join(sorted({p.api for p in have})), model=have[0].model)
+        for name in ("responses", "output_tokens", "from_usage", "from_deltas", "uncounted"):
+            setattr(out, name, sum(getattr(p, name) for p in have))
+        inputs = [p.input_tokens for p in have]
+        out.input_tokens = None if None in inputs else sum(i for i in inputs if i is not None)
+        tpots = [Distribution.from_dict(p.distributions["tpot"], where="load.tokens.distributions.tpot") for p in have if "tpot" in p.distributions]
+        if tpots:
+            merged = tpots[0]
+            for d in tpots[1:]:
+                merged = merged.merge(d)
+            out.tpot, out.distributions = summarize(merged), {"tpot": merged.to_dict()}
+        return out
+
+
+@dataclass(kw_only=True)
+class SizeBucket(Section):
+    """Requests whose input size falls in ``[smallest, largest]`` (``load.by_size``)."""
+
+    #: the smallest and largest input size among the bucket's requests
+    smallest: int = 0
+    largest: int = 0
+    #: "bytes" (the request body) or "chars" (``--openai``: the prompt's characters)
+    unit: str = "bytes"
+    #: requests that succeeded, and that failed
+    count: int = 0
+    errors: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    #: streamed responses: time to first token
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+
+
+@dataclass(kw_only=True)
 class SloCheck(Section):
     """One objective of ``--slo``, judged on the run: the run's figure, and whether it met it."""
 
@@ -279,6 +351,10 @@ class Load(Section):
     slo: Slo | None = None
     #: latency over time, window by window
     timeline: Timeline | None = None
+    #: ``--openai``: output tokens, their rate and vLLM's TPOT
+    tokens: Tokens | None = None
+    #: requests of different input sizes: latency by size bucket (quartiles of the sizes sent)
+    by_size: list[SizeBucket] = field(default_factory=list)
 
     @classmethod
     def combine(cls, parts: list[Any], notes: Notes) -> Load | None:
@@ -313,6 +389,9 @@ class Load(Section):
         out.first_error = next((p.first_error for p in have if p.first_error), None)
         out.first_error_body = next((p.first_error_body for p in have if p.first_error_body), None)
         out.stream = Stream.combine([p.stream for p in have], notes)
+        out.tokens = Tokens.combine([p.tokens for p in have], notes)
+        if any(p.by_size for p in have):
+            notes["load.by_size"] = "each run's buckets are the quartiles of its own sizes, and keep no distribution to merge"
         return out
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 
 from . import common
+from ..openai_api import DEFAULT_MAX_TOKENS
 from .common import duration, int_list, positive_int, rate_list
 
 NAME = "bench"
@@ -43,10 +45,24 @@ def share(text: str) -> float:
     return out
 
 
+def file_field(text: str) -> tuple[str, str]:
+    field, sep, path = text.partition("=")
+    if not sep or not field or not path:
+        raise argparse.ArgumentTypeError(f"expected FIELD=PATH (e.g. image=cat.jpg), got {text!r}")
+    return field, path.removeprefix("@")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the endpoint, e.g. http://127.0.0.1:8000/predict")
     parser.add_argument("-X", "--method", default=None, help="HTTP method (default GET, or POST with a body)")
     common.add_body(parser, many=True)
+    parser.add_argument("--data", metavar="FILE.jsonl", help="request bodies, one JSON value a line (with --openai: one prompt a line); latency by input size when they differ")
+    parser.add_argument("--order", choices=["cycle", "random"], default="cycle", help="the bodies (--body, --data, --prompt) in order, again and again (cycle, the default), or each pass shuffled (random, seeded by --seed)")
+    parser.add_argument("--file", metavar="FIELD=PATH", action="append", default=[], type=file_field, help="upload PATH as form field FIELD (multipart/form-data, as curl -F FIELD=@PATH); repeatable")
+    parser.add_argument("--openai", action="store_true", help="an OpenAI-compatible URL (/v1/chat/completions or /v1/completions): streamed requests built from --prompt or --data, output tokens counted (docs/bench.md)")
+    parser.add_argument("--model", metavar="NAME", help="with --openai: the model (default: the first the server lists at /v1/models)")
+    parser.add_argument("--prompt", metavar="TEXT", action="append", default=[], help="with --openai: a prompt; repeat to cycle several")
+    parser.add_argument("--max-tokens", metavar="N", type=positive_int, help=f"with --openai: max_tokens of each request (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("-H", "--header", metavar="'NAME: VALUE'", action="append", default=[], type=common.header, help="'Name: value', repeatable")
     parser.add_argument("--content-type", metavar="TYPE", help="Content-Type of the body (default: JSON when the body parses as JSON)")
     parser.add_argument("-c", "--concurrency", metavar="N[,N...]", type=int_list, help="closed loop: requests in flight; a list (1,2,4,8) sweeps")
@@ -57,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", metavar="DURATION", type=duration, default=1.0, help="load before measuring, excluded (default 1s)")
     common.add_timeout(parser, default=30.0)
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=1024, help="open loop: connection cap (default 1024)")
-    parser.add_argument("--seed", metavar="N", type=int, help="seed for --poisson arrivals")
+    parser.add_argument("--seed", metavar="N", type=int, help="seed for --poisson arrivals and --order random")
     parser.add_argument("--slo", metavar="SLO", type=slo, help="objectives, e.g. 'p99<200ms,ttft_p95<500ms,itl_p99<50ms': goodput beside throughput, exit 1 when a level misses one (docs/bench.md)")
     parser.add_argument("--find-max", action="store_true", help="with --slo: search the highest open-loop rate that meets it (from --rate, default 10/s: doubling, then bisection), each probe --warmup + --duration long")
     parser.add_argument("--search-budget", metavar="DURATION", type=duration, default=300.0, help="--find-max: no probe starts past this much time (default 5m)")
@@ -74,19 +90,22 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..bench import BenchOptions, failed_levels, run_bench
     from ..sweep import sweep_report, sweep_summary
     from ..exceptions import ConfigError
-    from ..payload import content_type_of, read_body
+    from ..payload import content_type_of
     from ..renderers.progress import BenchProgress
     from ..renderers.sweep import render_sweep
     from ..renderers.terminal import render_terminal
     from ..request_log import RequestLog
 
-    bodies = [read_body(name) for name in args.body]
+    sent = requests_of(args)
+    bodies = sent.pop("bodies")
     options = BenchOptions(
         url=args.url,
         method=args.method or ("POST" if bodies else "GET"),
         bodies=bodies,
         headers=args.header,
-        content_type=args.content_type or (content_type_of(bodies[0]) if bodies else None),
+        content_type=args.content_type or sent.pop("content_type") or (content_type_of(bodies[0]) if bodies else None),
+        order=args.order,
+        **sent,
         concurrency=args.concurrency or [],
         rate=args.rate or [],
         poisson=args.poisson,
@@ -136,6 +155,44 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return EXIT_NOT_MEASURED
     missed = [r for r in reports if r.load is not None and r.load.slo is not None and not r.load.slo.met]
     return EXIT_SLO_MISSED if missed else 0
+
+
+def requests_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The bodies to send (--body, --data, --file, or --openai's prompts), their Content-Type
+    and input sizes; a combination that cannot be meant is refused in one line."""
+    from ..exceptions import ConfigError
+    from ..loadgen import URL
+    from ..openai_api import api_of, first_model, request_bodies
+    from ..payload import multipart_form, read_body, read_jsonl
+
+    if args.body and args.data:
+        raise ConfigError("give --body or --data, not both")
+    if not args.openai and (args.prompt or args.model or args.max_tokens):
+        raise ConfigError("--prompt, --model and --max-tokens go with --openai")
+    if args.file:
+        if args.body or args.data or args.openai:
+            raise ConfigError("--file sends one form upload: it does not go with --body, --data or --openai")
+        if args.content_type:
+            raise ConfigError("--file sets the Content-Type itself (multipart/form-data and its boundary): drop --content-type")
+        body, ctype = multipart_form(args.file)
+        return {"bodies": [body], "content_type": ctype}
+    lines = read_jsonl(args.data) if args.data else None
+    if not args.openai:
+        bodies = [raw for _, raw in lines] if lines else [read_body(name) for name in args.body]
+        return {"bodies": bodies, "content_type": "application/json" if lines else None}
+    api = api_of(URL.parse(args.url).path)
+    if args.body:
+        raise ConfigError("--openai builds its requests: give prompts with --prompt or --data, not --body")
+    if args.prompt and lines:
+        raise ConfigError("give --prompt or --data, not both")
+    if not args.prompt and not lines:
+        raise ConfigError("--openai needs prompts: --prompt TEXT, or --data FILE.jsonl with one prompt a line")
+    model = args.model or first_model(args.url, headers=args.header)
+    bodies, sizes = request_bodies(
+        api, model=model, max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS, prompts=args.prompt, lines=lines,
+        where=f"data file {args.data!r}",
+    )  # fmt: skip
+    return {"bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes, "size_unit": "chars"}
 
 
 def find_max(options: object, args: argparse.Namespace, out: Console, *, on_results: object = None) -> int:

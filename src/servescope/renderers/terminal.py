@@ -129,6 +129,8 @@ def _headline(report: Report) -> list[Text]:
         lines.append(Text(f"Throughput: {load.throughput_rps:.1f} requests/s"))
     if load.stream is not None:
         lines += _stream_lines(load)
+    if load.tokens is not None:
+        lines += _token_lines(load)
     if load.slo is not None:
         lines += _slo_lines(load)
     gens, lost = load.generators, load.generators_lost
@@ -220,6 +222,38 @@ def _stream_lines(load: Load) -> list[Text]:
     return lines
 
 
+def _token_lines(load: Load) -> list[Text]:
+    tk = load.tokens
+    assert tk is not None
+    how = [f"{n} {what}" for n, what in ((tk.from_usage, "from usage"), (tk.from_deltas, "counted from deltas"), (tk.uncounted, "not counted: no usage, not streamed")) if n]
+    t = Text()
+    t.append("Output tokens", style="bold")
+    t.append(f" ({tk.api}, {plain(tk.model, one_line=True) if tk.model else 'model not named'}): ")
+    rate = f"{tk.output_tokens_per_s:,.1f}" if tk.output_tokens_per_s is not None else "-"
+    t.append(f"{tk.output_tokens:,} in {tk.responses} responses ({', '.join(how) or 'none'}) · {rate}/s")
+    t.append(" · TPOT (vLLM) ", style="bold")
+    t.append(_p(tk.tpot, "p50", "p99"))
+    lines = [t]
+    if tk.input_tokens is not None:
+        total = f"{tk.total_tokens_per_s:,.1f}" if tk.total_tokens_per_s is not None else "-"
+        lines.append(Text(f"  input {tk.input_tokens:,} tokens (usage) · input + output {total} tokens/s", style="dim"))
+    return lines
+
+
+def _size_table(load: Load) -> list[Any]:
+    buckets = load.by_size
+    ttft = any(b.ttft_p50_ms is not None for b in buckets)
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    table.add_column(f"input size ({buckets[0].unit})", no_wrap=True)
+    for col in ("requests", "errors", "p50 ms", "p99 ms", *(("TTFT p50 ms", "TTFT p99 ms") if ttft else ())):
+        table.add_column(col, justify="right")
+    for b in buckets:
+        size = f"{b.smallest:,}" if b.smallest == b.largest else f"{b.smallest:,} - {b.largest:,}"
+        ttfts = (_ms(b.ttft_p50_ms), _ms(b.ttft_p99_ms)) if ttft else ()
+        table.add_row(size, f"{b.count:,}", f"{b.errors:,}", _ms(b.p50_ms), _ms(b.p99_ms), *ttfts)
+    return [Text(""), Text("Latency by input size", style="bold"), table]
+
+
 def _slo_lines(load: Load) -> list[Text]:
     slo = load.slo
     assert slo is not None
@@ -304,6 +338,8 @@ def _sections(report: Report) -> list[Any]:
         parts += [Text(""), _stage_table(report)]
     if more_stages:
         parts.append(Text(f"{more_stages:,} more stages not shown (the JSON has them all: --json)", style="yellow"))
+    if report.load is not None and report.load.by_size:
+        parts += _size_table(report.load)
     env = report.environment or {}
     torch = env.get("torch") or {}
     where = f"Python {env.get('python', '?')}, {env.get('cpus_available', '?')} CPUs"
