@@ -4,7 +4,9 @@
 
 Starts a bare ASGI app on uvicorn (loopback), then loads it with each generator at
 concurrency 16, one after another, twice; reads each generator's CPU time from the kernel
-(its process's rusage) and divides by the requests it completed.
+(its process's rusage) and divides by the requests it completed. Then the same for streamed
+responses (20 chunks each, chunked and Server-Sent Events, no pause between chunks), where
+servescope times every chunk: wrk reads the same responses without timing their chunks.
 """
 
 from __future__ import annotations
@@ -84,6 +86,21 @@ def main() -> None:
                     (data["load"]["generator"]["cpu_us_per_request"], data["load"]["throughput_rps"])
                 )
             time.sleep(0.5)
+            for kind, query in (("chunked", "tokens=20&ttft_ms=0&gap_ms=0"), ("SSE", "tokens=20&ttft_ms=0&gap_ms=0&sse=1")):
+                stream_url = f"http://127.0.0.1:{port}/stream?{query}"
+                if shutil.which("wrk"):
+                    cpu, out = run(["wrk", "-t1", "-c16", f"-d{args.seconds:g}s", stream_url])
+                    n = int(re.search(r"(\d+) requests in", out).group(1))
+                    rows.setdefault(f"wrk -t1 -c16, streamed ({kind}, 20 chunks)", []).append((cpu / n * 1e6, n / args.seconds))
+                with tempfile.TemporaryDirectory() as tmp:
+                    report = os.path.join(tmp, "r.json")
+                    run([sys.executable, "-m", "servescope", "bench", stream_url, "-c", "16", "-d", f"{args.seconds:g}", "--warmup", "0", "--json", report])
+                    data = json.loads(Path(report).read_text())
+                    assert data["load"]["stream"]["chunks"] >= 19 * data["load"]["requests"]["ok"], "every chunk was counted"
+                    rows.setdefault(f"servescope bench -c 16, streamed ({kind}, 20 chunks; load loop)", []).append(
+                        (data["load"]["generator"]["cpu_us_per_request"], data["load"]["throughput_rps"])
+                    )
+                time.sleep(0.5)
     finally:
         stop(proc)
     print(f"load generator CPU per request against a bare ASGI app on uvicorn, c=16, {args.seconds:g}s x2 (median)")
