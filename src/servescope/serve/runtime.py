@@ -541,8 +541,27 @@ def collate(inputs: list[Any], pad_values: Mapping[str, float] | None = None) ->
         joined = type(first).__name__ == "BatchEncoding"
         return {k: _collate_field([x[k] for x in inputs], pads.get(k, 0), joined) for k in first}
     if isinstance(first, (tuple, list)) and first and not isinstance(first[0], (int, float)):
+        if not _fields(inputs):  # a list of texts, images ... per item: the batch is the items' lists
+            return list(inputs)
         return type(first)(collate(list(xs), pads) for xs in zip(*inputs))
     return _collate_field(inputs, pads.get("", 0), False)
+
+
+def _fields(inputs: list[Any]) -> bool:
+    """Whether the items' tuples (or lists) are fields to batch one by one, as ``(input_ids,
+    attention_mask)`` are: the same number in every item, each a tensor, an array, a dict, a
+    tuple or a list of numbers. A list of strings (sentences) or of images is an item's data."""
+    n = len(inputs[0])
+    np = sys.modules.get("numpy")
+    torch = _torch()
+    kinds = tuple(k for k in (Mapping, tuple, getattr(np, "ndarray", None), getattr(torch, "Tensor", None)) if k is not None)
+    for x in inputs:
+        if len(x) != n:
+            return False
+        for v in x:
+            if not (isinstance(v, kinds) or (isinstance(v, list) and v and isinstance(v[0], (int, float)))):
+                return False
+    return True
 
 
 def _collate_field(values: list[Any], pad: float, joined: bool) -> Any:
