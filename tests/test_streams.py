@@ -140,3 +140,18 @@ def test_reports_combine_by_merging_stream_distributions_never_percentiles():
     assert st.ttft["count"] == 2 and st.ttft["max_ms"] == 40.0
     assert st.itl["count"] == 3 and st.itl["p50_ms"] == 10.0 and st.itl["max_ms"] == 50.0  # 10, 10, 50: the median of all gaps
     assert "load.stream.chunks_per_s" in again.meta["not_combined"]
+
+
+def test_tokens_that_come_in_one_burst_have_no_rate_per_request():
+    from servescope.sections import Stream
+    from servescope.stats import Distribution
+
+    def tpot(values):
+        d = Distribution()
+        d.extend(values)
+        return {"tpot": d}
+
+    burst = Stream.from_distributions(tpot([0.008, 0.01, 0.02]))
+    paced = Stream.from_distributions(tpot([20.0, 20.0, 25.0]))
+    assert burst.chunks_per_s_per_request is None  # not "125,000 tokens/s per request"
+    assert paced.chunks_per_s_per_request == 50.0

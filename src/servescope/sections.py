@@ -123,6 +123,9 @@ class GeneratorRow(Section):
 
 Summary = dict[str, float | None]
 
+#: Gaps under this (ms) are tokens read together, in a burst: no cadence, no rate per request.
+BURST_MS = 0.1
+
 
 @dataclass(kw_only=True)
 class Stream(Section):
@@ -147,7 +150,8 @@ class Stream(Section):
     itl_uncorrected: Summary | None = None
     #: per request: (last token - first token) / (tokens - 1)
     tpot: Summary | None = None
-    #: the median request's tokens per second after its first (1000 / tpot p50)
+    #: the median request's tokens per second after its first (1000 / tpot p50); null when
+    #: its tokens came in a burst (tpot p50 under ``BURST_MS``)
     chunks_per_s_per_request: float | None = None
     #: every token of the measured window, per second of it
     chunks_per_s: float | None = None
@@ -163,7 +167,8 @@ class Stream(Section):
         for name, d in dists.items():
             setattr(out, name, summarize(d))
         p50 = (out.tpot or {}).get("p50_ms")
-        out.chunks_per_s_per_request = round(1000 / p50, 2) if p50 else None
+        # tokens read together (a server that sends them all at once) have no per-request rate
+        out.chunks_per_s_per_request = round(1000 / p50, 2) if p50 and p50 >= BURST_MS else None
         return out
 
     def distribution(self, name: str) -> Distribution | None:

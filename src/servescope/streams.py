@@ -23,14 +23,14 @@ from typing import NamedTuple
 import numpy as np
 
 from .loadgen import SSE
-from .sections import Stream
+from .sections import BURST_MS, Stream
 from .stats import Distribution
 
 __all__ = ["MIN_EXPECTED_MS", "Streamed", "overdue", "stream_stats"]
 
 #: No correction when the median gap is below this (ms): tokens then come in bursts read
 #: together, and there is no cadence for a stall to be measured against.
-MIN_EXPECTED_MS = 0.1
+MIN_EXPECTED_MS = BURST_MS
 
 
 class Streamed(NamedTuple):

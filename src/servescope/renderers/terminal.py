@@ -213,7 +213,7 @@ def _stream_lines(load: Load) -> list[Text]:
     t.append(" · ITL ", style="bold")
     t.append(_p(st.itl, "p50", "p95", "p99"))
     lines = [t]
-    rate = f"{st.chunks_per_s_per_request:,.1f}" if st.chunks_per_s_per_request is not None else "-"
+    rate = f"{st.chunks_per_s_per_request:,.1f}" if st.chunks_per_s_per_request is not None else "- (read in bursts)" if st.tpot else "-"
     total = f"{st.chunks_per_s:,.0f}" if st.chunks_per_s is not None else "-"
     more = f"  TTFB {_p(st.ttfb, 'p50', 'p99')} · TPOT {_p(st.tpot, 'p50', 'p99')} · {what} per second: {rate} per request, {total} in all"
     if st.itl_uncorrected is not None:
