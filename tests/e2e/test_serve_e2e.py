@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -341,3 +342,68 @@ def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
     assert len(workers) == 2, workers
     assert counts == {base + 60}, (base, counts)  # whichever worker answers /report: every request, once
     assert f'servescope_requests_total{{status="200"}} {float(base + 60)}' in metrics  # /metrics merged too
+
+
+def _worker_of(response) -> str:
+    return response.headers["server-timing"].rsplit('replica;desc="', 1)[1].split('"')[0]
+
+
+def test_workers_share_kept_alive_connections_and_one_that_dies_is_replaced():
+    """The connections of one client opened in a burst (a load generator, a proxy's pool) are
+    not all taken by one worker; a worker killed is started again; SIGTERM stops them all."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servescope", "serve", "examples/mlp_serve.py:MLP", "--port", str(port), "--workers", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if urllib.request.urlopen(f"{url}/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(3)  # the other worker ready too
+        # 16 connections opened in one burst, as a load generator or a proxy's pool opens them
+        import socket
+
+        seen: dict[str, int] = {}
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(16)]
+        try:
+            request = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+            for c in conns:
+                c.sendall(request)
+            for c in conns:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += c.recv(65536)
+                w = head.split(b'replica;desc="', 1)[1].split(b'"')[0].decode()
+                seen[w] = seen.get(w, 0) + 1
+        finally:
+            for c in conns:
+                c.close()
+        assert len(seen) == 2, seen
+        victim = int(min(seen)[1:])
+        os.kill(victim, signal.SIGKILL)
+        replaced = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (replaced - set(seen)):
+            try:
+                with httpx.Client(base_url=url, timeout=5) as c:  # a new connection each time
+                    replaced.add(_worker_of(c.post("/predict", content=BODY)))
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert replaced - set(seen), "a new worker answers after one was killed"
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    for pid in children:  # every worker stopped with the supervisor
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
