@@ -105,5 +105,21 @@ def test_bench_reads_the_stream_the_server_says_it_sent(server):
     (rep,) = run_bench(BenchOptions(url=f"{server}/predict", bodies=[b'{"n": 5}'], concurrency=[2], duration_s=2.0, warmup_s=0.3))
     stream_ = rep.load.stream
     assert stream_ is not None and stream_.responses >= 4
-    assert 0.8 * STEP_S * 1000 < stream_.itl["p50_ms"] < 1.6 * STEP_S * 1000
+    # two streams live at once, each step 50 ms on the one worker: a token every two steps
+    assert 1.6 * STEP_S * 1000 < stream_.itl["p50_ms"] < 2.6 * STEP_S * 1000
+    # and neither waits for the other's whole generation before its first token
+    assert stream_.ttft["p99_ms"] < 4 * STEP_S * 1000
     assert rep.errors == {}
+
+
+def test_a_request_that_comes_while_another_streams_starts_at_once(server):
+    """Streams advance a step at a time between batches: a late request's first token does not
+    wait for the running generation to end (static batching would make it wait 20 steps)."""
+    done = []
+    long_ = threading.Thread(target=lambda: done.append(stream(server, {"n": 20})))
+    long_.start()
+    time.sleep(5 * STEP_S)
+    r, chunks = stream(server, {"n": 2})
+    long_.join(30)
+    assert r.status_code == 200 and done and done[0][0].status_code == 200
+    assert chunks[0][0] < 5 * STEP_S  # about two steps (one of each stream), not the 15 left of the long one

@@ -205,6 +205,10 @@ class ServeApp:
                 info["inline"] = self._lone_ns < self.inline_below_ns
             info["max_batch_size"] = self.batcher.max_batch_size
             self.info = info
+            # from now on a stream advances a round at a time, between batches (warm-up ran each
+            # to its end): a request that comes while others stream starts at once
+            self.runtime.live = []
+            self.batcher.advance = self.runtime.advance
             self.batcher.start()
             self.state = "ready"
             threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()

@@ -26,7 +26,7 @@ class Item:
 
     __slots__ = (
         "payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept", "exc", "stage",
-        "unvalidated", "chunks", "ended", "head_timing", "first_ns", "channel",
+        "unvalidated", "chunks", "ended", "head_timing", "first_ns", "channel", "streaming",
     )  # fmt: skip
 
     def __init__(self, payload: Any, *, future: Any = None, accept: str = "json", unvalidated: bool = False) -> None:
@@ -49,6 +49,7 @@ class Item:
         self.head_timing: dict[str, int] | None = None
         self.first_ns = 0
         self.channel: Any = None  # the server's queue of chunks to send (on the event loop)
+        self.streaming = False  # its answer is a stream (answered chunk by chunk, not at the batch's end)
 
 
 class Batcher:
@@ -77,6 +78,9 @@ class Batcher:
         self.batch_started_ns: int | None = None
         self._generation = 0  # a replaced worker sees it change and leaves once it wakes
         self.replacements = 0
+        #: streams under way (models that yield): one round of each, between batches; returns
+        #: whether any is still under way (then the worker does not wait for a new batch)
+        self.advance: Callable[[], bool] | None = None
 
     def idle(self) -> bool:
         """No batch running and nothing queued."""
@@ -128,21 +132,27 @@ class Batcher:
     def run(self, generation: int = 0) -> None:
         """The worker loop: until ``stop()``, or until it is replaced (then it leaves as soon as
         the call it was stuck in returns, and its late results go nowhere)."""
+        live = False
         while generation == self._generation:
-            batch = self.next_batch()
+            batch = self.next_batch(block=not live)
             if batch is None:
                 return
+            if not batch and not live:
+                continue
             lock = self.model_lock
             with lock:
                 if generation != self._generation:  # replaced while waiting: the batch is the new worker's
                     for item in batch:
                         self._q.put(item)
                     return
-                self.batches += 1
+                self.batches += 1 if batch else 0
                 self.busy = True
                 self.batch_started_ns = self.clock()
                 try:
-                    self.process(batch)
+                    if batch:
+                        self.process(batch)
+                    if self.advance is not None:
+                        live = self.advance()
                 finally:
                     if generation == self._generation:
                         self.busy = False

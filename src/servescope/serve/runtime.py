@@ -10,7 +10,7 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, NamedTuple
 
 import orjson
@@ -85,6 +85,9 @@ class Runtime:
         self.on_stream: Callable[[list[Item]], None] | None = None
         #: called between the steps of a model that yields (the watchdog sees the batch move on)
         self.on_progress: Callable[[], None] | None = None
+        #: streams under way, advanced a round at a time by ``advance()`` (None: each stream runs
+        #: to its end in the call that starts it, as in warm-up)
+        self.live: list[Iterator[None]] | None = None
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -183,10 +186,12 @@ class Runtime:
                     if chunks is not None:
                         streams.append((it, chunks))
             if streams:
-                self._interleave(streams)
+                self._run(self._interleave(streams))
             if self.on_batch_done is not None:  # answered now, not after the batch's other forwards
                 delivered.update(id(it) for it in members)
-                self.on_batch_done(members)
+                answered = [it for it in members if not it.streaming]  # (streams answer as they go)
+                if answered:
+                    self.on_batch_done(answered)
 
     def _answer(self, it: Item, out: Any) -> Any:
         """Postprocess and serialize one item's output into its body (or its error); a
@@ -215,13 +220,34 @@ class Runtime:
         return None
 
     # -- streamed answers --------------------------------------------------------------------
-    def _stream_steps(self, items: list[Item], steps: _Steps) -> None:
+    def _run(self, stream: Iterator[None]) -> None:
+        """Start a stream: its first round now; the rest here too (warm-up, no server), or one
+        round per ``advance()`` beside the other live streams and new batches."""
+        if self.live is None:
+            for _ in stream:
+                pass
+        elif next(stream, _END) is not _END:
+            self.live.append(stream)
+
+    def advance(self) -> bool:
+        """One round of every live stream (a step of each model that yields, a chunk of each
+        postprocess that yields); whether any is still live. The batcher calls it between
+        batches, so a request that comes while others stream starts at once."""
+        live = self.live or []
+        for stream in list(live):
+            if next(stream, _END) is _END:
+                live.remove(stream)
+        return bool(live)
+
+    def _stream_steps(self, items: list[Item], steps: _Steps) -> Iterator[None]:
         """A model whose ``infer`` yields: each step's output (for the whole batch: the items
         keep sharing forwards) is split, postprocessed per item into that item's next chunk
         (``None``: no chunk this step) and handed to the server, until the generator ends, or
-        every item has failed or its client has left."""
+        every item has failed or its client has left. Yields between steps."""
         gen, step = steps
         clock = time.perf_counter_ns
+        for it in items:
+            it.streaming = True
         try:
             while step is not _END:
                 t = clock()
@@ -234,6 +260,7 @@ class Runtime:
                 self._hand_over(items)
                 if all(it.error is not None or it.cancelled for it in items):
                     break
+                yield None  # other streams' steps, and new batches, between two of this one
                 if self.on_progress is not None:
                     self.on_progress()
                 t = clock()
@@ -267,13 +294,17 @@ class Runtime:
 
     def _stream_result(self, it: Item, chunks: Any) -> None:
         """A postprocess that yields, within a step: each chunk handed over as it is made."""
-        self._interleave([(it, chunks)], end=False)
+        for _ in self._interleave([(it, chunks)], end=False):
+            pass
 
-    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True) -> None:
+    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True) -> Iterator[None]:
         """The items' postprocess generators, a chunk of each in turn (a batch's answers all
-        start streaming, not one after the other), each chunk handed over as it is made."""
+        start streaming, not one after the other), each chunk handed over as it is made;
+        yields after each round."""
         clock = time.perf_counter_ns
         live = list(streams)
+        for it, _ in streams:
+            it.streaming = True
         while live:
             for pair in list(live):
                 it, chunks = pair
@@ -295,6 +326,8 @@ class Runtime:
                 if done:
                     _close(chunks)
                     live.remove(pair)
+            if live:
+                yield None
         if end:
             self._end_streams([it for it, _ in streams])
 
@@ -318,16 +351,20 @@ class Runtime:
 
     def _end_streams(self, items: list[Item]) -> None:
         """The streams of these items are over (a stream that made no chunk is an empty one,
-        unless the item failed before it began: then it is an error answer as any other)."""
-        ended = []
+        unless the item failed before it began: then it is an error answer as any other, given
+        to ``on_batch_done``)."""
+        ended, failed = [], []
         for it in items:
             if it.chunks is None and it.error is not None:
+                failed.append(it)
                 continue
             if it.chunks is None:
                 it.chunks, it.head_timing, it.first_ns = [], dict(it.durations), 0
             it.ended = True
             ended.append(it)
         self._hand_over(ended)
+        if failed and self.on_batch_done is not None:
+            self.on_batch_done(failed)
 
     def _hand_over(self, items: list[Item]) -> None:
         ready = [it for it in items if it.chunks or (it.ended and it.chunks is not None)]
@@ -380,7 +417,7 @@ class Runtime:
         try:
             outs = self._batched(items, inputs)
             if isinstance(outs, _Steps):
-                self._stream_steps(items, outs)
+                self._run(self._stream_steps(items, outs))
                 return [_STREAMED] * len(items)
             return outs
         except Exception as exc:
@@ -393,7 +430,7 @@ class Runtime:
             try:
                 out = self._batched([it], [x])
                 if isinstance(out, _Steps):
-                    self._stream_steps([it], out)
+                    self._run(self._stream_steps([it], out))
                     outs.append(_STREAMED)
                 else:
                     outs.append(out[0])
