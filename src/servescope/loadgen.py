@@ -88,6 +88,9 @@ class Result(NamedTuple):
     usage: tuple[int, int | None] | None = None
 
 
+#: After ``stop()`` (Ctrl-C), how long the requests under way get to finish, in seconds; a run
+#: that ends on its own gives each its whole timeout (the requests due in it all count).
+STOP_DRAIN_S = 2.0
 #: How much of the first error answer's body is kept.
 ERROR_BODY_BYTES = 512
 #: OpenAI-compatible runs: how much of a plain answer's end is kept to find its ``usage``, and
@@ -255,7 +258,7 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         if self.cur is not None:
-            self._drop("connection reset" if self.gen.running else "unfinished at the end")
+            self._drop("connection reset" if self.gen.running or self.gen._draining else "unfinished at the end")
 
     # httptools callbacks
     def on_headers_complete(self) -> None:
@@ -455,6 +458,8 @@ class LoadGenerator:
         self._limit: int | None = None
         self._fast = False  # closed loop running below its limit: completions send inline
         self._drained: asyncio.Future[None] | None = None
+        self._draining = False  # the level's load ended; waiting for what is still under way
+        self._drain_implicit = False  # the drain is the timeout's: stop() cuts it to STOP_DRAIN_S
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- connections -------------------------------------------------------------------------
@@ -478,8 +483,12 @@ class LoadGenerator:
         self.results.append(result)
         self.in_flight -= 1
         if not self.running:
-            if self.in_flight == 0 and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
+            if self._sends_after_schedule() and self.pending:  # open loop: what waited for a connection goes out
+                if conn.open:
+                    self._send(conn, self.pending.popleft())
+                else:
+                    self._spawn_connect()
+            self._check_drained()
             return
         if self._mode == "closed":
             if self._limit is not None and self.sent >= self._limit:
@@ -493,9 +502,23 @@ class LoadGenerator:
             if conn.open:
                 self._send(conn, self.pending.popleft())
             else:
-                self._spawn(self._open_and_dispatch())
+                self._spawn_connect()
         elif conn.open:
             self.idle.append(conn)
+
+    def _sends_after_schedule(self) -> bool:
+        """Open loop after its schedule ended: requests due in it that waited for a connection
+        are still sent (their latency counts from when they were due), unless it was stopped."""
+        return self._mode == "open" and self._draining and not self.stopped
+
+    def _busy(self) -> bool:
+        """Something to wait for: a request in flight, or one pending that a connection on
+        its way can still send."""
+        return self.in_flight > 0 or bool(self.pending and self.connecting and self._sends_after_schedule())
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and not self._drained.done() and not self._busy():
+            self._drained.set_result(None)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -516,21 +539,27 @@ class LoadGenerator:
         if self.running:
             self._send(conn, None)
 
-    async def _open_and_dispatch(self) -> None:
+    def _spawn_connect(self) -> None:
+        """Open a connection for the pending requests; counted as connecting from now on."""
         self.connecting += 1
+        self._spawn(self._open_and_dispatch())
+
+    async def _open_and_dispatch(self) -> None:
         try:
             conn = await self._connect()
         except (OSError, asyncio.TimeoutError) as exc:
             if self.pending:
                 sched = self.pending.popleft()
                 self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, _connect_error(exc)))
+            self._check_drained()
             return
         finally:
             self.connecting -= 1
-        if self.running and self.pending:
+        if self.pending and (self.running or self._sends_after_schedule()):
             self._send(conn, self.pending.popleft())
         else:
             self.idle.append(conn)
+            self._check_drained()
 
     # -- housekeeping ------------------------------------------------------------------------
     async def _sweep(self) -> None:
@@ -547,29 +576,52 @@ class LoadGenerator:
             if self.on_tick is not None:
                 self.on_tick(self)
 
-    async def _finish(self, drain_s: float) -> None:
+    async def _finish(self, drain_s: float | None) -> None:
+        """Wait for the requests in flight (open loop: and those still waiting for a
+        connection), up to ``drain_s`` (default: the request timeout + 0.5 s, so each ends
+        answered or timed out; after ``stop()``, STOP_DRAIN_S); a request sent and still
+        unanswered then counts as failed, ``unfinished at the end``, unless the run was
+        stopped (Ctrl-C: what completed is kept, the rest left out)."""
         self.running = False
         self._fast = False
-        if self.in_flight:
+        self._drain_implicit = drain_s is None
+        if drain_s is None:
+            drain_s = STOP_DRAIN_S if self.stopped else self.timeout_ns / 1e9 + 0.5
+        self._draining = True
+        if self._busy():
             self._drained = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait_for(self._drained, drain_s)
             except asyncio.TimeoutError:
                 pass
+        self._draining = False
         for task in list(self._tasks):  # reconnects still waiting on a dead server
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in self.conns:
+            if conn.cur is not None:
+                if self.stopped:
+                    conn.cur = None  # interrupted, not failed: left out
+                else:
+                    conn._drop("unfinished at the end")
         for conn in self.conns + self.idle:
             if conn.transport is not None:
                 conn.transport.close()
 
     def stop(self) -> None:
-        """End the run early (Ctrl-C): what completed so far is kept."""
+        """End the run early (Ctrl-C): no new requests; those under way get STOP_DRAIN_S (or
+        the ``drain_s`` given) to finish; what completed so far is kept."""
         self.stopped = True
         self._fast = False
         if self._stop_event is not None:
             self._stop_event.set()
+        if self._drain_implicit and self._drained is not None and not self._drained.done():
+            asyncio.get_running_loop().call_later(STOP_DRAIN_S, self._end_drain)
+
+    def _end_drain(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     def progress_since(self, seen: int) -> tuple[int, int, list[float]]:
         """For a live view: requests completed so far, and among those after the first ``seen``:
@@ -581,7 +633,7 @@ class LoadGenerator:
         return n, len(window) - len(ok), ok
 
     # -- drivers -----------------------------------------------------------------------------
-    async def closed_loop(self, *, concurrency: int, duration_s: float | None = None, requests: int | None = None, drain_s: float = 2.0) -> list[Result]:
+    async def closed_loop(self, *, concurrency: int, duration_s: float | None = None, requests: int | None = None, drain_s: float | None = None) -> list[Result]:
         """``concurrency`` requests always in flight, for ``duration_s`` or about ``requests``."""
         self._mode = "closed"
         self._limit = requests
@@ -594,11 +646,13 @@ class LoadGenerator:
                 self._spawn(self._reconnect_and_send())
             await self._wait(start, duration_s, requests)
         finally:
-            sweeper.cancel()
-            await self._finish(drain_s)
+            try:
+                await self._finish(drain_s)  # the sweeper still times out what hangs
+            finally:
+                sweeper.cancel()
         return self.results
 
-    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float = 2.0, offset_ns: int = 0) -> list[Result]:
+    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float | None = None, offset_ns: int = 0) -> list[Result]:
         """Requests sent on a fixed schedule at ``rate``/s, whatever the server does; the first
         one ``offset_ns`` after the start (generators sharing a rate interleave this way)."""
         self._mode = "open"
@@ -629,10 +683,12 @@ class LoadGenerator:
                         continue
                 self.pending.append(due)
                 if len(self.conns) + self.connecting < self.max_connections:
-                    self._spawn(self._open_and_dispatch())
+                    self._spawn_connect()
         finally:
-            sweeper.cancel()
-            await self._finish(drain_s)
+            try:
+                await self._finish(drain_s)  # the sweeper still times out what hangs
+            finally:
+                sweeper.cancel()
         for sched in self.pending:  # never sent: they count, as failures of the run
             self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, "not sent"))
         self.pending.clear()
