@@ -235,3 +235,32 @@ def test_streamed_figures_and_the_slo_are_on_the_page():
     assert "missed" in page  # the stall's TTFT p95 is over 100 ms
     plain = render_html(report())
     assert "Streamed responses" not in plain and "goodput" not in plain
+
+
+def test_the_sweep_table_never_cuts_the_level_that_names_a_row():
+    # a --find-max curve: rates 21.25, 21.875, 22.5 were all "rate=2…" on a 120-column screen
+    rows = [
+        {"mode": "rate", "level": rate, "throughput_rps": rate, "p50_ms": 1269.94, "p95_ms": 1766.64, "p99_ms": 1781.01,
+         "ttft_p50_ms": 953.32, "ttft_p99_ms": 1463.9, "itl_p50_ms": 10.28, "itl_p99_ms": 11.41, "goodput_rps": 0.0,
+         "slo_met": False, "errors": 1}
+        for rate in (10, 21.25, 21.875, 22.5)
+    ]  # fmt: skip
+    text = SweepRenderer(width=120).render(rows)
+    assert all(f"rate={rate:g} " in text for rate in (10, 21.25, 21.875, 22.5)), text
+    assert "1,270 " in text and "1269.94" not in text  # latency as the headline prints it
+
+
+def test_the_html_page_has_latency_by_input_size_and_output_tokens_as_the_terminal_does():
+    from servescope.sections import Load, SizeBucket, Tokens
+
+    rep = report()
+    rep.load = Load(
+        by_size=[SizeBucket(smallest=26, largest=70, count=43, p50_ms=39.55, p99_ms=85.8),
+                 SizeBucket(smallest=802, largest=1692, count=40, errors=1, p50_ms=205.0, p99_ms=422.0)],
+        tokens=Tokens(model="fake-1", responses=127, output_tokens=4064, from_usage=127, output_tokens_per_s=1016.0,
+                      tpot={"p50_ms": 10.42, "p99_ms": 10.86}),
+    )  # fmt: skip
+    page = render_html(rep)
+    assert "<h2>Latency by input size</h2>" in page and "<td>802 - 1,692</td><td>40</td><td>1</td><td>205</td>" in page
+    assert "Output tokens (chat, fake-1): 4,064 in 127 responses (127 from usage)" in page and "<b>1016</b>" in page and "TPOT (vLLM) p50 10.42" in page
+    assert "Latency by input size" not in render_html(report())

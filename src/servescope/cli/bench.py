@@ -225,7 +225,9 @@ def find_max(options: object, args: argparse.Namespace, out: Console, *, on_resu
             return None
         rep = reports[0]
         res = rep.load.slo
-        line = f"  rate={rate:g}: {'met' if res.met else 'missed'} (p99 {rep.latency.get('p99_ms')} ms, goodput {res.goodput_rps} requests/s)"
+        p99 = rep.latency.get("p99_ms")
+        p99_text = "-" if p99 is None else f"{p99:,.1f}" if p99 < 1000 else f"{p99:,.0f}"
+        line = f"  rate={rate:g}: {'met' if res.met else 'missed'} (p99 {p99_text} ms, goodput {res.goodput_rps:,.1f} requests/s)"
         out.print(Text(line, style="green" if res.met else "red"))
         return None if rep.meta.get("interrupted") else rep
 

@@ -181,6 +181,38 @@ def _stream(load: Load) -> str:
     return "<h2>Streamed responses</h2><p>" + " · ".join(said) + "</p>" + "".join(rows)
 
 
+def _tokens(load: Load) -> str:
+    """``--openai``: output tokens (from usage, else counted), their rate and vLLM's TPOT."""
+    tk = load.tokens
+    if tk is None:
+        return ""
+    how = [f"{n} {what}" for n, what in ((tk.from_usage, "from usage"), (tk.from_deltas, "counted from deltas"),
+                                         (tk.uncounted, "not counted: no usage, not streamed")) if n]  # fmt: skip
+    said = [f"Output tokens ({html.escape(tk.api)}, {html.escape(tk.model or 'model not named')}): "
+            f"{tk.output_tokens:,} in {tk.responses} responses ({html.escape(', '.join(how) or 'none')})",
+            f"output tokens/s: <b>{_f(tk.output_tokens_per_s, 1)}</b>"]  # fmt: skip
+    if tk.tpot:
+        said.append(f"TPOT (vLLM) p50 {_f(tk.tpot.get('p50_ms'))} · p99 {_f(tk.tpot.get('p99_ms'))} ms")
+    if tk.input_tokens is not None:
+        said.append(f"input {tk.input_tokens:,} tokens · input + output {_f(tk.total_tokens_per_s, 1)} tokens/s")
+    return "<p>" + " · ".join(said) + "</p>"
+
+
+def _by_size(load: Load) -> str:
+    """Latency (and TTFT) by input-size bucket, as the terminal prints it (``load.by_size``)."""
+    buckets = load.by_size
+    if not buckets:
+        return ""
+    ttft = any(b.ttft_p50_ms is not None for b in buckets)
+    cols = ["requests", "errors", "p50 ms", "p99 ms", *(("TTFT p50 ms", "TTFT p99 ms") if ttft else ())]
+    rows = [f"<table><tr><th>input size ({html.escape(buckets[0].unit)})</th>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
+    for b in buckets:
+        size = f"{b.smallest:,}" if b.smallest == b.largest else f"{b.smallest:,} - {b.largest:,}"
+        cells = [f"{b.count:,}", f"{b.errors:,}", _f(b.p50_ms), _f(b.p99_ms), *((_f(b.ttft_p50_ms), _f(b.ttft_p99_ms)) if ttft else ())]
+        rows.append(f"<tr><td>{size}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return "<h2>Latency by input size</h2>" + "".join(rows) + "</table>"
+
+
 def _slo(load: Load) -> str:
     """--slo: each objective judged on the run, and the goodput."""
     slo = load.slo
@@ -316,11 +348,13 @@ def _page(report: Report, sweep: list[dict[str, Any]] | None) -> str:
         f"<h1>{title}</h1>",
         _headline(report),
         _stream(report.load or Load()),
+        _tokens(report.load or Load()),
         _slo(report.load or Load()),
         _timeline(report),
         "<h2>Where the time goes</h2>",
         _stacked_bar(report),
         _stage_table(report),
+        _by_size(report.load or Load()),
         _distribution(report),
         _sweep(sweep or []),
         _cluster(report),

@@ -37,23 +37,34 @@ def render_sweep(rows: list[dict[str, Any]], *, console: Console) -> None:
     SweepRenderer(console=console).render(rows)
 
 
+def _ms(value: float) -> str:
+    """Three significant digits or so, as the headline prints them: 4.56, 45.6, 456, 4,567."""
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
 def _sections(rows: list[dict[str, Any]]) -> list[Any]:
     table = Table(title="Throughput vs latency", header_style="bold", show_edge=False)
     streamed = [k for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms") if any(r.get(k) is not None for r in rows)]
     slo = any(r.get("slo_met") is not None for r in rows)
     cols = ["level", "throughput req/s", "p50 ms", "p95 ms", "p99 ms", *(k[:-3].replace("_", " ") + " ms" for k in streamed)]
-    for col in [*cols, *(["goodput req/s", "SLO"] if slo else []), "errors"]:
-        table.add_column(col, justify="right")
+    body = []
     for r in rows:
         cells = [
             f"{r['mode']}={r['level']:g}",
             f"{r['throughput_rps'] or 0:,.1f}",
-            *(f"{r[k]:.2f}" if r.get(k) is not None else "-" for k in ("p50_ms", "p95_ms", "p99_ms", *streamed)),
+            *(_ms(r[k]) if r.get(k) is not None else "-" for k in ("p50_ms", "p95_ms", "p99_ms", *streamed)),
         ]
         if slo:
             good = r.get("goodput_rps")
             cells += [f"{good:,.1f}" if good is not None else "-", {True: "met", False: "missed"}.get(r.get("slo_met"), "-")]
-        table.add_row(*cells, str(r["errors"]))
+        body.append([*cells, str(r["errors"])])
+    names = [*cols, *(["goodput req/s", "SLO"] if slo else []), "errors"]
+    for i, col in enumerate(names):
+        # the level names its row: never cut to "rate=2…" when the table is too wide for the screen
+        level = {"no_wrap": True, "min_width": max((len(row[0]) for row in body), default=0)} if i == 0 else {}
+        table.add_column(col, justify="right", **level)
+    for row in body:
+        table.add_row(*row)
     parts: list[Any] = [table]
     sat = saturation(rows)
     if sat is not None:
