@@ -375,3 +375,32 @@ def test_stop_during_the_drain_waits_two_seconds_at_most_and_leaves_the_rest_out
     results, waited = asyncio.run(main())
     assert waited < STOP_DRAIN_S + 0.5
     assert 3 <= len(results) <= 6 and all(r.error is None for r in results), [r.error for r in results]
+
+
+def _open_loop(rate: float, seconds: float, service_s: float, latency_s: float = 0.0, warmup_s: float = 1.0) -> list:
+    """Requests due at ``rate`` from -warmup_s to ``seconds``, served one at a time every
+    ``service_s`` (a queue), each also taking ``latency_s`` of its own after that."""
+    from servescope.loadgen import Result
+
+    out, free = [], -warmup_s
+    k = 0
+    while (due := -warmup_s + k / rate) < seconds:
+        free = max(free, due) + service_s
+        out.append(Result(round(due * 1e9), round(due * 1e9), round((free + latency_s) * 1e9), 200, None, None))
+        k += 1
+    return out
+
+
+def test_throughput_above_capacity_is_the_capacity_not_the_offered_rate():
+    # 40/s offered for 3 s to a server that completes 21.5/s: what it completed, not what was due
+    results = _open_loop(40, 3.0, 1 / 21.5)
+    rep = results_report(results, measure_from_ns=0, measure_until_ns=3 * 10**9, open_loop=True)
+    assert rep.load.throughput_rps == pytest.approx(21.5, rel=0.05)
+    assert rep.load.requests.measured == 120  # every request due in the window is still measured
+
+
+def test_throughput_of_long_responses_below_capacity_is_the_offered_rate():
+    # 10/s for 3 s, each answer 2 s long (a stream): not 30 requests over the 5 s to the last end
+    results = _open_loop(10, 3.0, 0.0, latency_s=2.0, warmup_s=3.0)
+    rep = results_report(results, measure_from_ns=0, measure_until_ns=3 * 10**9, open_loop=True)
+    assert rep.load.throughput_rps == pytest.approx(10.0, rel=0.05)
