@@ -181,3 +181,42 @@ def test_fail_if_slower_that_cannot_judge_fails_rather_than_passing_blind(tmp_pa
     report(10.0, n=400, seed=1).save(a)
     report(10.0, n=400, seed=2).save(b)
     assert main(["compare", str(a), str(b), "--fail-if-slower", "10%"]) == 0
+
+
+def streamed(ttft_ms: float, seed: int, *, concurrency: int = 8):
+    """A bench run of a token stream: 2,000 responses, TTFT around ``ttft_ms``, 20 ms gaps."""
+    from servescope.sections import Load, Stream
+    from servescope.stats import Distribution
+
+    rng = np.random.default_rng(seed)
+    rep = drifting(ttft_ms + 400, 10, seed)
+    dists = {name: Distribution() for name in ("ttft", "itl", "tpot")}
+    dists["ttft"].extend(ttft_ms * np.exp(rng.normal(0, 0.1, 2000)))
+    dists["itl"].extend(20 * np.exp(rng.normal(0, 0.1, 40000)))
+    dists["tpot"].extend(20 * np.exp(rng.normal(0, 0.05, 2000)))
+    rep.load = Load(throughput_rps=200.0, stream=Stream.from_distributions(dists, responses=2000, chunks=42000))
+    rep.load.stream.chunks_per_s = 4200.0
+    rep.meta["concurrency"] = concurrency
+    return rep
+
+
+def test_streamed_runs_compare_time_to_first_token_and_the_gaps_with_intervals():
+    table = compare(streamed(100.0, 1), streamed(130.0, 2))
+    rows = {c.metric: c for c in table.summary}
+    assert {"ttft p50 ms", "ttft p99 ms", "itl p50 ms", "itl p99 ms", "tpot p50 ms", "tokens/s"} <= set(rows)
+    ttft = rows["ttft p50 ms"]
+    assert ttft.significant and ttft.better is False and 1.25 < ttft.ratio < 1.35 and ttft.low > 1.03
+    assert rows["itl p50 ms"].significant is False  # the gaps did not change
+    assert "ttft p50 ms" in [c.metric for c in table.slower_than(0.10)]  # --fail-if-slower fails on TTFT too
+
+
+def test_runs_at_different_loads_say_so():
+    notes = compare(streamed(100.0, 1, concurrency=1), streamed(100.0, 2, concurrency=8)).notes
+    assert any("different load (concurrency=1 before, concurrency=8 after)" in n for n in notes)
+    assert not any("different load" in n for n in compare(streamed(100.0, 1), streamed(100.0, 2)).notes)
+
+
+def test_an_interval_inside_the_run_to_run_band_is_explained():
+    c = Change("p50 latency ms", 10.0, 10.2, 1.02, False, None, 1.01, 1.025)
+    table = Comparison(report(10.0), report(10.2), (c,), ())
+    assert any(n.startswith("p50 latency: the interval excludes no change, but not the +-3%") for n in table.notes)

@@ -190,9 +190,10 @@ class Comparison:
         out = []
         runs = [r.distributions.get("total") for r in (self.before, self.after)]
         counts = [len(d) if d is not None and d.exact else 0 for d in runs]
-        untold = [c.metric.split(" ")[0] for c in self.untold()]
+        untold = [c.metric.replace(" latency ms", "").replace(" ms", "") for c in self.untold()]
         if untold:
-            need = ", ".join(f"{k} {MIN_BLOCKS * BLOCK_SIZE[k]:,}" for k in untold if k in BLOCK_SIZE)
+            stats = dict.fromkeys(w for name in untold for w in name.split() if w in BLOCK_SIZE)
+            need = ", ".join(f"{k} {MIN_BLOCKS * BLOCK_SIZE[k]:,}" for k in stats)
             out.append(
                 f"can't tell for {', '.join(untold)}: an interval needs enough requests per run to cut into "
                 f"{MIN_BLOCKS} blocks ({need}); these runs have {counts[0]:,} and {counts[1]:,} successful "
@@ -202,6 +203,18 @@ class Comparison:
             if rep.sweep is not None and rep.sweep.rows:
                 levels = ", ".join(f"{r.mode}={r.level:g}" for r in rep.sweep.rows if r.level is not None)
                 out.append(f"{name} is a sweep ({levels}): compared here is its last level only")
+        loads = [_load_of(r) for r in (self.before, self.after)]
+        if loads[0] and loads[1] and loads[0] != loads[1]:
+            out.append(
+                f"the runs were at different load ({loads[0]} before, {loads[1]} after): latency and throughput change "
+                "with load, so this compares the loads as much as the code: bench both at the same load"
+            )
+        near = [c.metric.split(" ms")[0] for c in [*self.summary, *self.stages] if _within_floor(c)]
+        if near:
+            out.append(
+                f"{', '.join(near)}: the interval excludes no change, but not the +-{NOISE_FLOOR:.0%} that runs of an "
+                "unchanged server drift by, so it is not called beyond noise"
+            )
         return out
 
     def untold(self) -> list[Change]:
@@ -225,6 +238,20 @@ class Comparison:
         return self.to_dict()[key]
 
 
+def _load_of(report: Report) -> str | None:
+    """How a bench run loaded its endpoint, as ``concurrency=8`` or ``rate=50`` (None: not said)."""
+    for key in ("concurrency", "rate"):
+        value = report.meta.get(key)
+        if isinstance(value, (int, float)):
+            return f"{key}={value:g}"
+    return None
+
+
+def _within_floor(c: Change) -> bool:
+    """An interval that excludes no change but stays within the run-to-run band."""
+    return c.significant is False and c.low is not None and c.high is not None and (c.low > 1 or c.high < 1)
+
+
 def _row(name: str, before: Any, after: Any, spread: tuple[float, float] | None, *, higher_is_better: bool = False) -> Change:
     ratio = after / before if before and after is not None else None
     low = high = significant = better = None
@@ -245,6 +272,30 @@ def _interval(before: Distribution | None, after: Distribution | None, figure: s
     return ratio_interval(vb, va, figure) if vb is not None and va is not None else None
 
 
+#: Streamed responses' figures compared (``load.stream``): (row, distribution, statistic).
+STREAM_FIGURES = (("ttft p50 ms", "ttft", "p50"), ("ttft p99 ms", "ttft", "p99"), ("itl p50 ms", "itl", "p50"),
+                  ("itl p99 ms", "itl", "p99"), ("tpot p50 ms", "tpot", "p50"))  # fmt: skip
+
+
+def _stream_rows(before: Report, after: Report) -> list[Change]:
+    """TTFT, ITL and TPOT (with intervals, as latency's) and tokens per second, when both runs
+    streamed: a change in time to first token is the change a chat user sees."""
+    sb = before.load.stream if before.load is not None else None
+    sa = after.load.stream if after.load is not None else None
+    if sb is None or sa is None:
+        return []
+    rows = []
+    for name, dist, stat in STREAM_FIGURES:
+        fb, fa = getattr(sb, dist), getattr(sa, dist)
+        if fb is None or fa is None:
+            continue
+        spread = _interval(sb.distribution(dist), sa.distribution(dist), stat)
+        rows.append(_row(name, fb.get(f"{stat}_ms"), fa.get(f"{stat}_ms"), spread))
+    if sb.chunks_per_s is not None and sa.chunks_per_s is not None:
+        rows.append(_row("tokens/s", sb.chunks_per_s, sa.chunks_per_s, None, higher_is_better=True))
+    return rows
+
+
 def compare(before: Report, after: Report) -> Comparison:
     """End-to-end latency, throughput and each stage's mean, before and after, each change
     with its 95% interval from the runs' own variation over time."""
@@ -257,6 +308,7 @@ def compare(before: Report, after: Report) -> Comparison:
     tput_a = after.load.throughput_rps if after.load is not None else None
     if tput_b is not None or tput_a is not None:
         rows.append(_row("throughput req/s", tput_b, tput_a, None, higher_is_better=True))
+    rows += _stream_rows(before, after)
     sb, sa = before.stage_distributions(), after.stage_distributions()
     stages = []
     for name in dict.fromkeys([*before.stages, *after.stages]):

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write the comparison as HTML")
     parser.add_argument(
         "--fail-if-slower", metavar="PCT", type=share, default=None,
-        help="exit 1 when a latency figure (p50, p95, p99, mean) is slower by more than PCT (10%%) and beyond noise",
+        help="exit 1 when a latency figure (p50, p95, p99, mean; TTFT, ITL, TPOT of streamed runs) is slower by more than PCT (10%%) and beyond noise",
     )  # fmt: skip
 
 
