@@ -404,3 +404,13 @@ def test_throughput_of_long_responses_below_capacity_is_the_offered_rate():
     results = _open_loop(10, 3.0, 0.0, latency_s=2.0, warmup_s=3.0)
     rep = results_report(results, measure_from_ns=0, measure_until_ns=3 * 10**9, open_loop=True)
     assert rep.load.throughput_rps == pytest.approx(10.0, rel=0.05)
+
+
+def test_no_server_timing_hint_when_no_request_got_an_answer():
+    from servescope.loadgen import Result
+
+    refused = [Result(k * 10**6, k * 10**6, k * 10**6 + 1000, 0, None, "connection refused") for k in range(20)]
+    rep = results_report(refused, measure_from_ns=0)
+    assert rep.load.server_timing.hint is None  # the server never answered: its headers are unknown, not absent
+    answered = [Result(k * 10**6, k * 10**6, k * 10**6 + 1000, 200, None, None) for k in range(20)]
+    assert "sent no Server-Timing" in results_report(answered, measure_from_ns=0).load.server_timing.hint

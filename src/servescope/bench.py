@@ -251,7 +251,7 @@ def results_report(
             malformed=bad_timing,
             too_large=too_large,
             hint=None
-            if with_timing
+            if with_timing or not any(r.status for r in measured)  # no answer at all: nothing to judge the header by
             else f"every Server-Timing header the server sent was malformed or too large ({bad_timing} set aside), so only "
             "end-to-end figures are shown"
             if bad_timing
