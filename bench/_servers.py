@@ -9,6 +9,8 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
+from typing import Any, Callable
 
 
 def free_port() -> int:
@@ -48,3 +50,24 @@ def stop_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
     except ProcessLookupError:
         pass
+
+
+def each_server(
+    servers: dict[str, list[str]], url: str, ready_body: bytes, measure: Callable[[str], dict[str, Any]], *, cwd: Path, env: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Start each server alone (a session of its own), wait until it answers ``ready_body``,
+    ``measure(name)``, stop it with everything it started; a server that cannot start is a
+    row ``{"skipped": why}``, not a crash."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name, cmd in servers.items():
+        # a session of its own: LitServe's worker processes go with it (killpg), not on spinning
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_ready(url, ready_body, proc)
+            rows[name] = measure(name)
+        except Exception as exc:  # noqa: BLE001 - a benchmark row, not a crash
+            rows[name] = {"skipped": str(exc)}
+        finally:
+            stop_group(proc)
+            time.sleep(1)
+    return rows

@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _servers import free_port, stop_group, wait_ready  # bench/ is on the path: run as a script
+from _servers import each_server, free_port  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
@@ -89,22 +89,18 @@ def main() -> None:
         "FastAPI, correct (sync def, orjson)": [*uv, "minilm_fastapi:app"],
         "LitServe batched (16, 5 ms)": [sys.executable, str(SERVERS / "minilm_litserve.py"), str(port)],
     }
-    rows, batch = {}, None
-    for name, cmd in servers.items():
-        url = f"http://127.0.0.1:{port}/predict"
-        # a session of its own: LitServe's worker processes go with it (killpg), not on spinning
-        proc = subprocess.Popen(cmd, cwd=SERVERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            wait_ready(url, bodies[0].read_bytes(), proc)
-            bench(url, bodies, 16, 2, tmp / "warm.json")
-            rows[name] = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
-            if name.startswith("servescope"):
-                batch = mean_batch(f"http://127.0.0.1:{port}")
-        except Exception as exc:  # noqa: BLE001 - a benchmark row, not a crash
-            rows[name] = {"skipped": str(exc)}
-        finally:
-            stop_group(proc)
-            time.sleep(1)
+    url = f"http://127.0.0.1:{port}/predict"
+    batch = None
+
+    def measure(name: str) -> dict:
+        nonlocal batch
+        bench(url, bodies, 16, 2, tmp / "warm.json")
+        row = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
+        if name.startswith("servescope"):
+            batch = mean_batch(f"http://127.0.0.1:{port}")
+        return row
+
+    rows = each_server(servers, url, bodies[0].read_bytes(), measure, cwd=SERVERS, env=env)
     size = max(1, round(batch or 1))
     limit = forward_loop(size, args.seconds / 2)
     print(f"all-MiniLM-L6-v2, texts of 5-120 words (32 cycled), servescope bench, {args.seconds:g} s at c=16, "
