@@ -151,9 +151,9 @@ class Steps(servescope.Model):
 
 def test_each_step_tells_the_watchdog_the_batch_moves_on():
     now = [0]
-    batcher = Batcher(lambda items: None, clock=lambda: now[0])
     runtime = Runtime(Steps())
     runtime.load()
+    batcher = Batcher(runtime.process, clock=lambda: now[0])
     seen = []
 
     def progress():
@@ -162,10 +162,14 @@ def test_each_step_tells_the_watchdog_the_batch_moves_on():
         seen.append(batcher.batch_started_ns)
 
     runtime.on_progress = progress
-    batcher.busy = True
-    batcher.batch_started_ns = 0
-    runtime.process([Item({"n": 4}), Item({"n": 2})])
+    batcher.submit(Item({"n": 4}))
+    batcher.submit(Item({"n": 2}))  # one batch: queued before the worker starts
+    batcher.start()
+    batcher.stop()
     assert seen == [10**9, 2 * 10**9, 3 * 10**9, 4 * 10**9]  # after each of the four steps: never "stuck" while it steps
+    batcher.busy, batcher.batch_started_ns = True, 5
+    batcher.progress()  # from another thread (a replaced worker that woke up): not the worker's progress
+    assert batcher.batch_started_ns == 5
 
 
 def test_the_streaming_figures_travel_in_deltas_and_to_metrics():
@@ -185,3 +189,52 @@ def test_the_streaming_figures_travel_in_deltas_and_to_metrics():
     text = prometheus_client.generate_latest(registry).decode()
     assert "servescope_time_to_first_chunk_seconds_count 1.0" in text
     assert "servescope_chunk_gap_seconds_count 2.0" in text
+
+
+def test_a_streaming_model_run_inline_still_streams():
+    # inline_below_ms: a lone request runs on the event loop; a model that yields must still stream
+    app = servescope.serve(Words(), max_batch_size=2, inline_below_ms=10_000)
+    (status, ctype, text), = _served(app, [({"text": "one two three"}, {})])
+    assert app.info["inline"] is True
+    assert status == 200 and ctype == "application/x-ndjson"
+    assert [json.loads(x) for x in text.splitlines()] == [{"word": "one"}, {"word": "two"}, {"word": "three"}]
+
+
+def test_each_answer_of_a_batch_ends_when_it_is_done_not_with_the_longest():
+    runtime = Runtime(Words())
+    runtime.load()
+    runtime.live = []
+    ends = []
+    runtime.on_stream = lambda items: [ends.append(it.payload["text"]) for it in items if it.ended] or [
+        setattr(it, "chunks", []) for it in items
+    ]
+    short, long_, failing = Item({"text": "a"}), Item({"text": "a b c d e f"}), Item({"text": "a boom b c d e"})
+    runtime.process([short, long_, failing])
+    rounds = 0
+    while runtime.advance():
+        rounds += 1
+        if rounds == 2:
+            assert ends == ["a", "a boom b c d e"]  # the short one and the failed one, long before the long one
+    assert ends[-1] == "a b c d e f" and failing.error and not short.error
+
+
+def test_a_stream_that_fails_in_advance_ends_its_items_and_the_rest_go_on():
+    runtime = Runtime(Words())
+    runtime.load()
+    runtime.live = []
+    runtime.on_stream = lambda items: [setattr(it, "chunks", []) for it in items]
+    a, b = Item({"text": "x y z"}), Item({"text": "p q r"})
+    runtime.process([a])
+    runtime.process([b])
+
+    def broken():  # what the watchdog's new worker meets: a generator still running on the stuck thread
+        raise ValueError("generator already executing")
+        yield
+
+    bad = runtime.live[0]
+    runtime.live[0] = broken()
+    runtime._stream_items[id(runtime.live[0])] = runtime._stream_items.pop(id(bad))
+    while runtime.advance():
+        pass
+    assert a.ended and a.error and "generator already executing" in a.error
+    assert b.ended and b.error is None  # the other stream went on to its end

@@ -165,6 +165,7 @@ class ServeApp:
         self.failure: str | None = None
         self.info: dict[str, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._server: Any = None  # the uvicorn server run() started, if it did
         self._ready = threading.Event()
         self._msgpack = importlib.util.find_spec("msgpack") is not None  # else JSON for everyone
@@ -178,6 +179,7 @@ class ServeApp:
     async def startup(self) -> None:
         """Start loading in the background: /health answers at once, /ready when warm."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self.runtime.on_batch_done = self._deliver  # type: ignore[attr-defined]
         self.runtime.on_stream = self._on_stream
         self.runtime.on_progress = self.batcher.progress
@@ -461,10 +463,19 @@ class ServeApp:
                 await asyncio.sleep(0)  # ...which run up to here now: alone means alone
             finally:
                 self._open -= 1
-            item = Item(item_value, accept=accept)
+            item = Item(item_value, accept=accept, future=self._loop.create_future())  # type: ignore[union-attr]
             if self._alone() and self.batcher.run_inline(item):  # this thread is busy meanwhile
                 took = sum(item.durations.values())
                 self._lone_ns = (self._lone_ns * 7 + took) >> 3  # type: ignore[operator]  # turns slow: stops
+                if item.streaming:  # the model yielded: the worker takes the stream's next steps
+                    self.batcher.wake()
+                    if item.channel is None:  # no chunk yet: wait for the first (or the answer's end)
+                        try:
+                            await asyncio.wait_for(asyncio.shield(item.future), self.timeout_s)  # type: ignore[arg-type]
+                        except asyncio.TimeoutError:
+                            item.cancelled = True
+                            await self._reply(send, 504, error_body(f"no answer within {self.timeout_s:g} s"), t0, durations)
+                            return
                 await self._answer(send, item, t0, durations, accept, receive, trailers)
                 return
         self._active += 1
@@ -593,6 +604,8 @@ class ServeApp:
                 last = t
         finally:
             watcher.cancel()
+            if not item.ended:  # the client left, or this handler was cancelled (shutdown): stop the model's work
+                item.cancelled = True
         if item.cancelled and not item.ended:
             return  # the client left: nobody to finish for
         error = None
@@ -620,7 +633,9 @@ class ServeApp:
             chunks, it.chunks = it.chunks, []
             if it.future is not None:  # (warm-up's items have no one to send to)
                 batch.append((it, chunks or [], it.ended))
-        if batch and self._loop is not None:
+        if batch and threading.get_ident() == self._loop_thread:  # a stream started inline, on the loop
+            push(batch)
+        elif batch and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(push, batch)
             except RuntimeError:  # the loop is closed
@@ -636,7 +651,9 @@ class ServeApp:
     def _deliver(self, items: list[Item]) -> None:
         """From the worker thread: hand a finished batch back to the event loop, in one wake-up."""
         futures = [(it.future, it) for it in items if it.future is not None]
-        if futures and self._loop is not None:
+        if futures and threading.get_ident() == self._loop_thread:  # run inline, on the loop: no hand-off
+            resolve(futures)
+        elif futures and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(resolve, futures)
             except RuntimeError:  # the loop is closed: a worker abandoned as stuck woke after the server stopped

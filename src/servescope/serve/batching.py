@@ -11,6 +11,7 @@ server answers 503 at once instead of letting latency grow without bound.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -19,6 +20,8 @@ from typing import Any, Callable
 __all__ = ["Batcher", "Item"]
 
 _STOP = object()
+_WAKE = object()  # no item: the worker looks at the streams under way (wake())
+log = logging.getLogger("servescope")
 
 
 class Item:
@@ -107,6 +110,8 @@ class Batcher:
                 return []
             if first is _STOP:
                 return None
+            if first is _WAKE:
+                return []
             if not first.cancelled:
                 break
         batch = [first]
@@ -125,20 +130,22 @@ class Batcher:
             if item is _STOP:
                 q.put(_STOP)  # finish this batch, stop on the next call
                 break
-            if not item.cancelled:
+            if item is not _WAKE and not item.cancelled:
                 batch.append(item)
         return batch
 
     def run(self, generation: int = 0) -> None:
-        """The worker loop: until ``stop()``, or until it is replaced (then it leaves as soon as
-        the call it was stuck in returns, and its late results go nowhere)."""
-        live = False
+        """The worker loop: until ``stop()`` (the streams under way finished first), or until it
+        is replaced (then it leaves as soon as the call it was stuck in returns, and its late
+        results go nowhere). Between batches, one round of the streams under way (``advance``)."""
+        live = self.advance is not None  # a worker that replaced another: streams may be under way
         while generation == self._generation:
             batch = self.next_batch(block=not live)
             if batch is None:
+                while live and generation == self._generation:  # stopping: the streams end first
+                    with self.model_lock:
+                        live = self._advance()
                 return
-            if not batch and not live:
-                continue
             lock = self.model_lock
             with lock:
                 if generation != self._generation:  # replaced while waiting: the batch is the new worker's
@@ -151,17 +158,31 @@ class Batcher:
                 try:
                     if batch:
                         self.process(batch)
-                    if self.advance is not None:
-                        live = self.advance()
+                    live = self._advance()
                 finally:
                     if generation == self._generation:
                         self.busy = False
                         self.batch_started_ns = None
 
+    def wake(self) -> None:
+        """A stream was started off the worker (a request run inline): the worker, perhaps
+        waiting for a batch, takes it on."""
+        self._q.put(_WAKE)
+
+    def _advance(self) -> bool:
+        if self.advance is None:
+            return False
+        try:
+            return self.advance()
+        except Exception:  # a bug of ours: said, and the worker goes on (its death would hang every request)
+            log.exception("servescope: advancing the streams under way failed")
+            return False
+
     def progress(self) -> None:
         """The running batch moved on (a model that yields made a step): the watchdog's
-        ``batch_timeout_s`` counts from now, so a long stream is not taken for a stuck one."""
-        if self.busy:
+        ``batch_timeout_s`` counts from now, so a long stream is not taken for a stuck one.
+        Only the current worker's progress counts (not a replaced one's that woke up)."""
+        if self.busy and threading.current_thread() is self._thread:
             self.batch_started_ns = self.clock()
 
     def replace_worker(self) -> None:

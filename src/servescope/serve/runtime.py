@@ -88,6 +88,9 @@ class Runtime:
         #: streams under way, advanced a round at a time by ``advance()`` (None: each stream runs
         #: to its end in the call that starts it, as in warm-up)
         self.live: list[Iterator[None]] | None = None
+        self._stream_items: dict[int, list[Item]] = {}  # a live stream's items, by id(stream)
+        #: a model that yields was seen (in warm-up or since): never run inline on the event loop
+        self.streamed = False
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -142,9 +145,9 @@ class Runtime:
             self._process(items, delivered)
         except Exception as exc:  # a bug of ours or a hook's: fail the batch, keep the worker
             for it in items:
-                if it.body is None and it.error is None:
+                if it.body is None and it.error is None and not it.streaming:
                     _fail(it, exc, 500)
-        rest = [it for it in items if id(it) not in delivered]
+        rest = [it for it in items if id(it) not in delivered and not it.streaming]  # (a stream answers itself)
         if rest and self.on_batch_done is not None:
             self.on_batch_done(rest)
 
@@ -186,7 +189,7 @@ class Runtime:
                     if chunks is not None:
                         streams.append((it, chunks))
             if streams:
-                self._run(self._interleave(streams))
+                self._run(self._interleave(streams), [it for it, _ in streams])
             if self.on_batch_done is not None:  # answered now, not after the batch's other forwards
                 delivered.update(id(it) for it in members)
                 answered = [it for it in members if not it.streaming]  # (streams answer as they go)
@@ -196,31 +199,40 @@ class Runtime:
     def _answer(self, it: Item, out: Any) -> Any:
         """Postprocess and serialize one item's output into its body (or its error); a
         postprocess that yields is returned, to be streamed."""
-        model = self.model
-        try:
-            if self._post_with_request:
-                result = _hook(it, "postprocess", model.postprocess, out, it.payload)
-            else:
-                result = _hook(it, "postprocess", model.postprocess, out)
-        except Exception as exc:
-            _fail(it, exc, 500, "postprocess")
-            return
+        result = self._postprocess(it, out)
+        if result is _FAILED:
+            return None
         if inspect.isgenerator(result):  # postprocess yields: the answer streams
             return result
-        t = time.perf_counter_ns()
-        try:
-            body = serialize(result, it.accept)
-            if it.accept != "msgpack" and b"null" in body and _nonfinite(result):
-                raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
-            it.body = body
-        except Exception as exc:
-            _fail(it, exc, 500, "serialize")
-        finally:
-            it.durations["serialize"] = time.perf_counter_ns() - t
+        it.body = self._serialize(it, result, it.accept)
         return None
 
+    def _postprocess(self, it: Item, out: Any) -> Any:
+        """The model's postprocess of one item's output (``_FAILED``: it raised, the item failed)."""
+        try:
+            if self._post_with_request:
+                return _hook(it, "postprocess", self.model.postprocess, out, it.payload)
+            return _hook(it, "postprocess", self.model.postprocess, out)
+        except Exception as exc:
+            _fail(it, exc, 500, "postprocess")
+            return _FAILED
+
+    def _serialize(self, it: Item, result: Any, accept: str) -> bytes | None:
+        """``result`` as JSON (msgpack) bytes, timed; None when it cannot be (the item failed)."""
+        t = time.perf_counter_ns()
+        try:
+            body = serialize(result, accept)
+            if accept != "msgpack" and b"null" in body and _nonfinite(result):
+                raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
+            return body
+        except Exception as exc:
+            _fail(it, exc, 500, "serialize")
+            return None
+        finally:
+            it.durations["serialize"] = it.durations.get("serialize", 0) + time.perf_counter_ns() - t
+
     # -- streamed answers --------------------------------------------------------------------
-    def _run(self, stream: Iterator[None]) -> None:
+    def _run(self, stream: Iterator[None], items: list[Item]) -> None:
         """Start a stream: its first round now; the rest here too (warm-up, no server), or one
         round per ``advance()`` beside the other live streams and new batches."""
         if self.live is None:
@@ -228,6 +240,7 @@ class Runtime:
                 pass
         elif next(stream, _END) is not _END:
             self.live.append(stream)
+            self._stream_items[id(stream)] = items
 
     def advance(self) -> bool:
         """One round of every live stream (a step of each model that yields, a chunk of each
@@ -235,8 +248,20 @@ class Runtime:
         batches, so a request that comes while others stream starts at once."""
         live = self.live or []
         for stream in list(live):
-            if next(stream, _END) is _END:
+            try:
+                more = next(stream, _END) is not _END
+            except Exception as exc:  # a bug of ours, or a stream still running on a worker the watchdog replaced
+                log.error("servescope: a stream failed and is dropped: %s: %s", type(exc).__name__, exc)
+                _close(stream)
+                more = False
+                items = self._stream_items.pop(id(stream), [])
+                for it in items:
+                    if it.error is None and not it.ended:
+                        _fail(it, exc, 500, "forward")
+                self._end_streams([it for it in items if not it.ended])
+            if not more:
                 live.remove(stream)
+                self._stream_items.pop(id(stream), None)
         return bool(live)
 
     def _stream_steps(self, items: list[Item], steps: _Steps) -> Iterator[None]:
@@ -246,6 +271,7 @@ class Runtime:
         every item has failed or its client has left. Yields between steps."""
         gen, step = steps
         clock = time.perf_counter_ns
+        self.streamed = True
         for it in items:
             it.streaming = True
         try:
@@ -258,6 +284,9 @@ class Runtime:
                         it.durations["to_host"] = it.durations.get("to_host", 0) + took
                         self._chunk(it, part)
                 self._hand_over(items)
+                over = [it for it in items if (it.error is not None or it.cancelled) and not it.ended]
+                if over:  # failed, or its client left: its answer ends now, not with the batch's
+                    self._end_streams(over)
                 if all(it.error is not None or it.cancelled for it in items):
                     break
                 yield None  # other streams' steps, and new batches, between two of this one
@@ -278,14 +307,8 @@ class Runtime:
 
     def _chunk(self, it: Item, output: Any) -> None:
         """One step's output for one item: postprocessed, serialized as the item's next chunk."""
-        model = self.model
-        try:
-            if self._post_with_request:
-                result = _hook(it, "postprocess", model.postprocess, output, it.payload)
-            else:
-                result = _hook(it, "postprocess", model.postprocess, output)
-        except Exception as exc:
-            _fail(it, exc, 500, "postprocess")
+        result = self._postprocess(it, output)
+        if result is _FAILED:
             return
         if inspect.isgenerator(result):
             self._stream_result(it, result)
@@ -303,6 +326,7 @@ class Runtime:
         yields after each round."""
         clock = time.perf_counter_ns
         live = list(streams)
+        self.streamed = True
         for it, _ in streams:
             it.streaming = True
         while live:
@@ -326,22 +350,15 @@ class Runtime:
                 if done:
                     _close(chunks)
                     live.remove(pair)
+                    if end:  # its answer ends now, not with the batch's longest
+                        self._end_streams([it])
             if live:
                 yield None
-        if end:
-            self._end_streams([it for it, _ in streams])
 
     def _add_chunk(self, it: Item, result: Any) -> None:
-        t = time.perf_counter_ns()
-        try:
-            data = serialize(result, "json")
-            if b"null" in data and _nonfinite(result):
-                raise NonFiniteOutput("the model's output holds NaN or infinity, which JSON cannot carry")
-        except Exception as exc:
-            _fail(it, exc, 500, "serialize")
+        data = self._serialize(it, result, "json")  # (a stream is JSON lines or SSE, whatever was accepted)
+        if data is None:
             return
-        finally:
-            it.durations["serialize"] = it.durations.get("serialize", 0) + time.perf_counter_ns() - t
         chunk = b"data: " + data + b"\n\n" if it.accept == "sse" else data + b"\n"
         if it.chunks is None:  # the first: what the head's Server-Timing says
             it.chunks = []
@@ -355,7 +372,10 @@ class Runtime:
         to ``on_batch_done``)."""
         ended, failed = [], []
         for it in items:
+            if it.ended:
+                continue
             if it.chunks is None and it.error is not None:
+                it.ended = True
                 failed.append(it)
                 continue
             if it.chunks is None:
@@ -416,27 +436,29 @@ class Runtime:
         that yields streams its items' answers here (their outputs are ``_STREAMED``)."""
         try:
             outs = self._batched(items, inputs)
-            if isinstance(outs, _Steps):
-                self._run(self._stream_steps(items, outs))
-                return [_STREAMED] * len(items)
-            return outs
         except Exception as exc:
             if len(items) == 1:
                 _fail(items[0], exc, 500, "forward")
                 return [None]
             batch_error = exc
+        else:
+            if isinstance(outs, _Steps):
+                self._run(self._stream_steps(items, outs), items)
+                return [_STREAMED] * len(items)
+            return outs
         outs = []
         for it, x in zip(items, inputs):  # batch-mates of a bad item still get answers
             try:
                 out = self._batched([it], [x])
-                if isinstance(out, _Steps):
-                    self._run(self._stream_steps([it], out))
-                    outs.append(_STREAMED)
-                else:
-                    outs.append(out[0])
             except Exception as exc:
                 _fail(it, exc, 500, "forward")
                 outs.append(None)
+                continue
+            if isinstance(out, _Steps):
+                self._run(self._stream_steps([it], out), [it])
+                outs.append(_STREAMED)
+            else:
+                outs.append(out[0])
         if all(it.error is None for it in items) and not self._said_unbatched:
             # every item runs alone, so the batch failed for being a batch: say so once, since
             # from here on each such batch silently costs len(items) forwards
@@ -488,6 +510,8 @@ class Runtime:
 _STREAMED = object()
 #: The end of a model's generator.
 _END = object()
+#: A hook raised: the item has failed.
+_FAILED = object()
 
 
 class _Steps(NamedTuple):
