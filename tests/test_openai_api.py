@@ -148,7 +148,9 @@ def test_tokens_come_from_usage_else_from_deltas_and_tpot_is_vllms():
     tk = token_stats(results, api="chat", model="m", window_s=2.0)
     assert (tk.responses, tk.from_usage, tk.from_deltas, tk.uncounted) == (3, 1, 1, 1)
     assert tk.output_tokens == 30 and tk.output_tokens_per_s == 15.0
-    assert tk.input_tokens == 5 and tk.total_tokens_per_s == 17.5
+    # the prompt tokens of the one response with usage; no input + output rate, which would count
+    # the other response's output and not its prompt
+    assert tk.input_tokens == 5 and tk.total_tokens_per_s is None
     # (latency - TTFT) / (tokens - 1): 181 ms over 19 tokens from usage, over 9 counted
     assert tk.tpot["count"] == 2 and tk.tpot["max_ms"] == pytest.approx(181 / 9, abs=1e-3)
     assert tk.tpot["mean_ms"] == pytest.approx((181 / 19 + 181 / 9) / 2, abs=1e-3)

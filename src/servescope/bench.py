@@ -366,8 +366,8 @@ async def run_level(
     state["gen"] = None
     state["first_error_body"] = gen.first_error_body
     until = None if options.duration_s is None else measure_from + round(options.duration_s * 1e9)
-    if until is not None:
-        until = min(until, time.perf_counter_ns())
+    if until is not None:  # interrupted: the window ends where the run was stopped, not after its drain
+        until = min(until, gen.stopped_ns or time.perf_counter_ns())
     return gen.results, measure_from, until, gen.lags
 
 

@@ -304,7 +304,7 @@ def _merge(options: BenchOptions, mode: str, level: float, outcomes: list[dict[s
     meta = {**level_meta(options, mode, level), "generators": len(outcomes)}
     rep = results_report(
         results, measure_from_ns=0, measure_until_ns=min(untils) if untils else None, first_ms=first_ms,
-        lags_ns=lags, meta=meta, **options.report_options(),
+        lags_ns=lags, meta=meta, open_loop=mode == "rate", slo=options.slo, **options.report_options(),
     )  # fmt: skip
     load = rep.load = rep.load or Load()
     load.generators = rows

@@ -451,6 +451,7 @@ class LoadGenerator:
         self.sent = 0
         self.lags: list[int] = []  # open loop: how late the scheduler dispatched each request
         self.stopped = False
+        self.stopped_ns: int | None = None
         self._stop_event: asyncio.Event | None = None
         self._next = 0
         self._ssl = ssl.create_default_context() if target.scheme == "https" else None
@@ -613,6 +614,7 @@ class LoadGenerator:
         """End the run early (Ctrl-C): no new requests; those under way get STOP_DRAIN_S (or
         the ``drain_s`` given) to finish; what completed so far is kept."""
         self.stopped = True
+        self.stopped_ns = time.perf_counter_ns()  # where the measured window ends (not after the drain)
         self._fast = False
         if self._stop_event is not None:
             self._stop_event.set()

@@ -159,7 +159,7 @@ def token_stats(results: list[Result], *, api: str, model: str | None, window_s:
     out.input_tokens = inputs
     if window_s > 0 and out.responses:
         out.output_tokens_per_s = round(out.output_tokens / window_s, 2)
-        if inputs is not None:
+        if inputs is not None and out.from_usage == out.responses - out.uncounted:  # (prompts of every counted response)
             out.total_tokens_per_s = round((out.output_tokens + inputs) / window_s, 2)
     if len(tpot):
         out.tpot, out.distributions = summarize(tpot), {"tpot": tpot.to_dict()}

@@ -84,13 +84,12 @@ def stream_stats(streams: list[Streamed], *, open_loop: bool, window_s: float) -
     if open_loop and every.size:
         expected = float(np.median(every))
         if expected >= MIN_EXPECTED_MS:
-            itl = Distribution()
-            itl.extend(every)
             per_request = []
             for gaps in raw:
                 extra = overdue(gaps, expected)
-                itl.extend(extra)
                 per_request.append(np.concatenate([gaps, extra]) if extra.size else gaps)
+            itl = Distribution()  # each response's gaps with its overdue waits, in order (compare cuts it in time blocks)
+            itl.extend(np.concatenate(per_request) if per_request else np.empty(0))
             dists = {**dists, "itl": itl, "itl_uncorrected": observed}
         else:
             dists["itl_uncorrected"] = observed
