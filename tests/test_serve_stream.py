@@ -238,3 +238,39 @@ def test_a_stream_that_fails_in_advance_ends_its_items_and_the_rest_go_on():
         pass
     assert a.ended and a.error and "generator already executing" in a.error
     assert b.ended and b.error is None  # the other stream went on to its end
+
+
+class Countdown(Steps):
+    closed = 0
+
+    def infer(self, batch):
+        try:
+            yield from super().infer(batch)
+        finally:
+            Countdown.closed += 1
+
+    def postprocess(self, step):
+        return self.END if int(step) < 0 else int(step)  # -1: this item had all its steps
+
+
+def test_an_item_whose_postprocess_says_end_ends_at_once_and_the_generator_stops_when_all_have():
+    runtime = Runtime(Countdown())
+    runtime.load()
+    runtime.live = []
+    ended_at = {}
+    rounds = [0]
+
+    def on_stream(items):
+        for it in items:
+            it.chunks = []
+            if it.ended:
+                ended_at.setdefault(it.payload["n"], rounds[0])
+
+    runtime.on_stream = on_stream
+    short, long_ = Item({"n": 2}), Item({"n": 6})
+    runtime.process([short, long_])
+    while runtime.advance():
+        rounds[0] += 1
+    assert ended_at[2] == 1 and ended_at[6] == 5  # the short answer ended at the step after its last, 4 rounds before the long one
+    assert Countdown.closed == 1 and not short.error and not long_.error
+    assert repr(servescope.Model.END) == "Model.END"

@@ -68,11 +68,13 @@ class Generate(servescope.Model):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
             cache = out.cache
             token = out.logits[:, -1].argmax(-1)
-            yield torch.where(limit > step, token, -1)  # -1: this request has all its tokens
+            yield torch.where(limit > step, token, -1)  # -1: this request had all its tokens
             ids = token[:, None]
             mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
             positions = positions[:, -1:] + 1
 
     def postprocess(self, token, request):
         token = int(token)
-        return None if token < 0 else {"token": self.tokenizer.decode([token])}
+        if token < 0:  # this request has its tokens: its answer ends now, not with the batch's longest
+            return self.END
+        return {"token": self.tokenizer.decode([token])}

@@ -8,6 +8,11 @@ from typing import Any
 __all__ = ["Model"]
 
 
+class _End:
+    def __repr__(self) -> str:
+        return "Model.END"
+
+
 class Model:
     """Subclass it and write the stages your model needs.
 
@@ -47,6 +52,11 @@ class Model:
 
     model: Any = None
     device: str = "cpu"
+
+    #: What ``postprocess`` returns, for a model whose ``infer`` yields steps, when this item's
+    #: answer is complete (its last token was sent): its response ends now, while the batch's
+    #: other items go on (and once every item has ended, the generator is closed).
+    END: Any = _End()
 
     def load(self, device: str) -> Any:
         raise NotImplementedError("write load(self, device): build or read your model once and return it")

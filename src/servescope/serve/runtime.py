@@ -279,16 +279,18 @@ class Runtime:
                 t = clock()
                 parts = self.model.split(to_host(step), len(items))
                 took = clock() - t
+                over = []
                 for it, part in zip(items, parts):
-                    if it.error is None and not it.cancelled:
+                    if it.error is None and not it.cancelled and not it.ended:
                         it.durations["to_host"] = it.durations.get("to_host", 0) + took
-                        self._chunk(it, part)
+                        if self._chunk(it, part) is Model.END:
+                            over.append(it)
                 self._hand_over(items)
-                over = [it for it in items if (it.error is not None or it.cancelled) and not it.ended]
-                if over:  # failed, or its client left: its answer ends now, not with the batch's
+                over += [it for it in items if (it.error is not None or it.cancelled) and not it.ended]
+                if over:  # done (Model.END), failed, or its client left: its answer ends now, not with the batch's
                     self._end_streams(over)
-                if all(it.error is not None or it.cancelled for it in items):
-                    break
+                if all(it.error is not None or it.cancelled or it.ended for it in items):
+                    break  # (the generator is closed: no step for nobody)
                 yield None  # other streams' steps, and new batches, between two of this one
                 if self.on_progress is not None:
                     self.on_progress()
@@ -305,11 +307,12 @@ class Runtime:
             _close(gen)
         self._end_streams(items)
 
-    def _chunk(self, it: Item, output: Any) -> None:
-        """One step's output for one item: postprocessed, serialized as the item's next chunk."""
+    def _chunk(self, it: Item, output: Any) -> Any:
+        """One step's output for one item: postprocessed, serialized as the item's next chunk;
+        ``Model.END`` when postprocess says the item's answer is complete."""
         result = self._postprocess(it, output)
-        if result is _FAILED:
-            return
+        if result is _FAILED or result is Model.END:
+            return result
         if inspect.isgenerator(result):
             self._stream_result(it, result)
         elif result is not None:
