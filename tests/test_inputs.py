@@ -3,7 +3,6 @@ and latency by input-size bucket."""
 
 from __future__ import annotations
 
-from collections import Counter
 
 import pytest
 

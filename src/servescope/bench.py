@@ -23,7 +23,7 @@ import numpy as np
 
 from .exceptions import ConfigError, EndpointError, ServerTimingError
 from .inputs import send_order, size_buckets
-from .loadgen import OVERSIZED, SSE, LoadGenerator, Result, URL, build_requests, error_kind
+from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, error_kind, streamed
 from .openai_api import token_stats
 from .recorder import Recorder
 from .report import Report
@@ -200,8 +200,7 @@ def results_report(
         from_send = (done - sent) / 1e6
         uncorrected.add(from_send)
         head_ns = None
-        if result.stream is not None and (result.stream[0] == SSE or len(result.stream[2]) > 1):
-            # a chunked response in one chunk is a plain one (raw ASGI apps chunk every answer)
+        if streamed(result):
             streams.append(Streamed(start, *result.stream))
             head_ns = result.stream[1]
             oks.append((latency, len(streams) - 1))

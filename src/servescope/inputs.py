@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from .exceptions import ConfigError
-from .loadgen import SSE, Result, error_kind
+from .loadgen import Result, error_kind, streamed
 from .sections import SizeBucket
 from .stats import Distribution
 
@@ -78,17 +78,17 @@ def size_buckets(results: list[Result], sizes: list[int], *, unit: str = "bytes"
             start = min(r.scheduled_ns, r.sent_ns)
             latency.add((r.done_ns - start) / 1e6)
             stream = r.stream
-            if stream is not None and stream[2] and (stream[0] == SSE or len(stream[2]) > 1):
+            if streamed(r) and stream[2]:
                 ttft.add(max(stream[2][0] - start, 0) / 1e6)
         ok = len(latency) > 0
-        streamed = len(ttft) > 0
+        any_streamed = len(ttft) > 0
         out.append(
             SizeBucket(
                 smallest=min(s for s, _ in members), largest=max(s for s, _ in members), unit=unit,
                 count=len(latency), errors=errors,
                 p50_ms=_ms(latency.percentile(50)) if ok else None, p99_ms=_ms(latency.percentile(99)) if ok else None,
-                ttft_p50_ms=_ms(ttft.percentile(50)) if streamed else None,
-                ttft_p99_ms=_ms(ttft.percentile(99)) if streamed else None,
+                ttft_p50_ms=_ms(ttft.percentile(50)) if any_streamed else None,
+                ttft_p99_ms=_ms(ttft.percentile(99)) if any_streamed else None,
             )
         )  # fmt: skip
     return out

@@ -38,7 +38,7 @@ from .exceptions import ConfigError
 
 __all__ = [
     "CHUNKED", "MAX_SERVER_TIMING_BYTES", "OUTPUT", "OVERSIZED", "SSE", "LoadGenerator", "Result", "URL",
-    "build_requests", "error_kind", "ok_latencies_ms", "schedule", "usage",
+    "build_requests", "error_kind", "ok_latencies_ms", "schedule", "streamed", "usage",
 ]  # fmt: skip
 
 _EARLY_NS = 200_000
@@ -135,6 +135,13 @@ def error_kind(result: Result) -> str | None:
     if result.status >= 400:
         return f"HTTP {result.status}"
     return None
+
+
+def streamed(result: Result) -> bool:
+    """Whether the response was streamed: Server-Sent Events, or chunked in two chunks or more
+    (a chunked answer in one chunk is a plain one: raw ASGI apps chunk every answer)."""
+    s = result.stream
+    return s is not None and (s[0] == SSE or len(s[2]) > 1)
 
 
 def ok_latencies_ms(results: list[Result]) -> list[float]:

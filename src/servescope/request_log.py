@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .exceptions import ConfigError, ServerTimingError
-from .loadgen import OVERSIZED, SSE, Result, error_kind
+from .loadgen import OVERSIZED, Result, error_kind, streamed
 from .servertiming import server_timing_durations
 
 __all__ = ["COLUMNS", "RequestLog", "request_rows"]
@@ -63,7 +63,7 @@ def request_rows(results: Sequence[Result], *, measure_from_ns: int, mode: str, 
         ttfb: object = ""
         ttft: object = ""
         tokens: object = ""
-        if r.stream is not None and (r.stream[0] == SSE or len(r.stream[2]) > 1) and error_kind(r) is None:
+        if streamed(r) and error_kind(r) is None:
             _, head_ns, times = r.stream
             ttfb, tokens = _ms(head_ns - start), len(times)
             ttft = _ms(times[0] - start) if times else ""
