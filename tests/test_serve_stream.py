@@ -274,3 +274,42 @@ def test_an_item_whose_postprocess_says_end_ends_at_once_and_the_generator_stops
     assert ended_at[2] == 1 and ended_at[6] == 5  # the short answer ended at the step after its last, 4 rounds before the long one
     assert Countdown.closed == 1 and not short.error and not long_.error
     assert repr(servescope.Model.END) == "Model.END"
+
+
+class SlowWords(Words):
+    def postprocess(self, output, request):
+        import time
+
+        for word in request["text"].split():
+            time.sleep(0.01)
+            yield {"word": word}
+
+
+def test_a_client_that_leaves_mid_stream_is_counted_and_its_stream_stops():
+    app = servescope.serve(SlowWords(), max_batch_size=2)
+
+    async def go():
+        await app.startup()
+        assert await app.wait_ready(60) == "ready", app.failure
+        body = json.dumps({"text": "w " * 300}).encode()
+        requests, gone, sent = [{"type": "http.request", "body": body, "more_body": False}], asyncio.Event(), []
+
+        async def receive():
+            if requests:
+                return requests.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body" and message.get("body"):
+                gone.set()  # the client reads one chunk and closes the connection
+
+        await asyncio.wait_for(app({"type": "http", "path": "/predict", "method": "POST", "headers": []}, receive, send), 10)
+        await app.shutdown()
+        return sent
+
+    sent = asyncio.run(go())
+    chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
+    assert len(chunks) < 50  # stopped long before its 300 words (3 s)
+    assert app.recorder.report().errors == {"client left": 1}  # visible in /report and /metrics, not silent

@@ -332,6 +332,8 @@ class _Conn(asyncio.Protocol):
         n = len(name)
         if n == 13:
             if name.lower() == b"server-timing":
+                if self.chunks is not None:  # a trailer, after a chunked body: the head's figures are the ones
+                    return  # read (its whole-stream breakdown would count the stream after the head twice)
                 if self.st is None and len(value) <= self.st_cap:
                     self.st = value
                 else:

@@ -112,6 +112,16 @@ def test_bench_reads_the_stream_the_server_says_it_sent(server):
     assert rep.errors == {}
 
 
+def test_bench_asking_for_trailers_counts_the_stream_once(server):
+    # the trailer's whole-stream breakdown is not added to the head's: shares stay a breakdown
+    (rep,) = run_bench(BenchOptions(url=f"{server}/predict", bodies=[b'{"n": 4}'], headers=[("TE", "trailers")],
+                                    concurrency=[1], duration_s=1.5, warmup_s=0.2))  # fmt: skip
+    assert not rep.errors
+    shares = {name: s["share"] for name, s in rep.stages.items()}
+    assert sum(shares.values()) < 1.05, shares
+    assert shares["stream_after_head"] > 0.5 and shares["infer"] < 0.4  # 3 of the 4 steps come after the head
+
+
 def test_a_request_that_comes_while_another_streams_starts_at_once(server):
     """Streams advance a step at a time between batches: a late request's first token does not
     wait for the running generation to end (static batching would make it wait 20 steps)."""

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", metavar="N", type=positive_int, default=None, help="largest batch (default 8)")
     parser.add_argument("--max-wait-ms", metavar="MS", type=float, default=None, help="extra wait for a batch to fill (default 0)")
     parser.add_argument("--max-queue", metavar="N", type=positive_int, default=None, help="queued requests before 503 (default 256)")
-    parser.add_argument("--timeout", metavar="DURATION", type=duration, default=None, help="per-request deadline, 504 after (default 30s)")
+    parser.add_argument("--timeout", metavar="DURATION", type=duration, default=None, help="per-request deadline, 504 after; for a streamed answer, to its first chunk (default 30s)")
+    parser.add_argument("--batch-timeout", metavar="DURATION", type=duration, default=None, help="a batch (or a stream's step) running longer is stuck: the process exits 70 for its supervisor (default: --timeout)")
     parser.add_argument("--max-body-bytes", metavar="N", type=positive_int, default=None, help="largest request body, 413 over it (default 1048576)")
     parser.add_argument("--body-timeout", metavar="DURATION", type=duration, default=None, help="time to receive a request body, 408 after (default 30s)")
     parser.add_argument("--max-header-bytes", metavar="N", type=positive_int, default=None, help="largest request head, 431 over it (default 65536)")
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "max_wait_ms": args.max_wait_ms,
             "max_queue": args.max_queue,
             "timeout_s": args.timeout,
+            "batch_timeout_s": args.batch_timeout,
             "device": args.device,
             "threads": args.threads,
             "debug_errors": args.debug_errors,

@@ -41,6 +41,8 @@ __all__ = ["ServeApp"]
 
 log = logging.getLogger("servescope")
 
+#: The error kind of a request whose client closed the connection before its answer was complete.
+CLIENT_LEFT = "client left"
 #: The exit status of a process the watchdog ends (``on_stuck="exit"``): a supervisor restarts it.
 EXIT_STUCK = 70
 #: Workers replaced (``on_stuck="replace"``) before the watchdog gives up and fails /ready for good:
@@ -521,8 +523,9 @@ class ServeApp:
                 done, _ = await asyncio.wait({future, watcher}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
                 if future not in done:
                     item.cancelled = True
-                    if watcher in done:
-                        return  # the client is gone: nobody to answer
+                    if watcher in done:  # the client is gone: nobody to answer, but it is counted
+                        self.recorder.record_ns({**durations, **item.durations}, time.perf_counter_ns() - t0, CLIENT_LEFT)
+                        return
                     raise asyncio.TimeoutError
             else:
                 # one timer instead of wait_for's wrapper future: this is every request's path
@@ -606,8 +609,9 @@ class ServeApp:
             watcher.cancel()
             if not item.ended:  # the client left, or this handler was cancelled (shutdown): stop the model's work
                 item.cancelled = True
-        if item.cancelled and not item.ended:
-            return  # the client left: nobody to finish for
+        if item.cancelled and not item.ended:  # the client left: nobody to finish for, but it is counted
+            self.recorder.record_ns({**durations, **item.durations}, now() - t0, CLIENT_LEFT)
+            return
         error = None
         if item.error is not None:
             rid = self._request_id()
