@@ -313,3 +313,46 @@ def test_a_client_that_leaves_mid_stream_is_counted_and_its_stream_stops():
     chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
     assert len(chunks) < 50  # stopped long before its 300 words (3 s)
     assert app.recorder.report().errors == {"client left": 1}  # visible in /report and /metrics, not silent
+
+
+class Big(Words):
+    example = {"n": 2}
+    made = 0
+
+    def postprocess(self, output, request):
+        for _ in range(request["n"]):
+            Big.made += 1
+            yield "x" * 65536
+
+
+def test_a_reader_that_falls_behind_pauses_its_stream_instead_of_piling_it_up_in_memory():
+    app = servescope.serve(Big(), max_batch_size=2)
+
+    async def go():
+        await app.startup()
+        assert await app.wait_ready(60) == "ready", app.failure
+        Big.made = 0
+        requests = [{"type": "http.request", "body": b'{"n": 200, "text": "x"}', "more_body": False}]
+        reading, bodies = asyncio.Event(), []
+
+        async def receive():
+            if requests:
+                return requests.pop()
+            await asyncio.Event().wait()  # the client never leaves
+
+        async def send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                bodies.append(len(message["body"]))
+                await reading.wait()  # a reader that stalls after its first chunk
+
+        task = asyncio.ensure_future(app({"type": "http", "path": "/predict", "method": "POST", "headers": []}, receive, send))
+        await asyncio.sleep(0.5)
+        made_while_stalled = Big.made
+        reading.set()
+        await asyncio.wait_for(task, 30)
+        await app.shutdown()
+        return made_while_stalled, bodies
+
+    made_while_stalled, bodies = asyncio.run(go())
+    assert made_while_stalled <= (1 << 20) // 65536 + 3  # about 1 MiB (MAX_UNSENT_BYTES) ahead of the reader, not 200 chunks (13 MB)
+    assert len(bodies) == 200 and Big.made == 200  # once it reads, the whole answer arrives

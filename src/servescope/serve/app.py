@@ -599,6 +599,7 @@ class ServeApp:
                 if chunk is None:
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                item.sent += len(chunk)  # (the worker makes the next chunks while the reader keeps up)
                 t = now()
                 if first:
                     gaps.append(t - last)
@@ -635,8 +636,10 @@ class ServeApp:
         batch = []
         for it in items:
             chunks, it.chunks = it.chunks, []
-            if it.future is not None:  # (warm-up's items have no one to send to)
+            if it.future is not None:
                 batch.append((it, chunks or [], it.ended))
+            else:  # warm-up's items have no one to send to: nothing waits for a reader
+                it.sent = it.handed
         if batch and threading.get_ident() == self._loop_thread:  # a stream started inline, on the loop
             push(batch)
         elif batch and self._loop is not None:

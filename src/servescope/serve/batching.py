@@ -21,6 +21,8 @@ __all__ = ["Batcher", "Item"]
 
 _STOP = object()
 _WAKE = object()  # no item: the worker looks at the streams under way (wake())
+#: How long the worker waits for a batch when every stream under way waits on its readers.
+STALLED_WAIT_S = 0.002
 log = logging.getLogger("servescope")
 
 
@@ -29,7 +31,7 @@ class Item:
 
     __slots__ = (
         "payload", "enqueued_ns", "cancelled", "durations", "body", "error", "status", "future", "accept", "exc", "stage",
-        "unvalidated", "chunks", "ended", "head_timing", "first_ns", "channel", "streaming",
+        "unvalidated", "chunks", "ended", "head_timing", "first_ns", "channel", "streaming", "handed", "sent",
     )  # fmt: skip
 
     def __init__(self, payload: Any, *, future: Any = None, accept: str = "json", unvalidated: bool = False) -> None:
@@ -53,6 +55,8 @@ class Item:
         self.first_ns = 0
         self.channel: Any = None  # the server's queue of chunks to send (on the event loop)
         self.streaming = False  # its answer is a stream (answered chunk by chunk, not at the batch's end)
+        self.handed = 0  # bytes of its stream made (the worker counts)
+        self.sent = 0  # and sent (the server counts): the difference waits in memory
 
 
 class Batcher:
@@ -82,8 +86,8 @@ class Batcher:
         self._generation = 0  # a replaced worker sees it change and leaves once it wakes
         self.replacements = 0
         #: streams under way (models that yield): one round of each, between batches; returns
-        #: whether any is still under way (then the worker does not wait for a new batch)
-        self.advance: Callable[[], bool] | None = None
+        #: None when none is under way, False when all wait on their readers, True otherwise
+        self.advance: Callable[[], bool | None] | None = None
 
     def idle(self) -> bool:
         """No batch running and nothing queued."""
@@ -100,12 +104,13 @@ class Batcher:
         self._q.put(item)
         return True
 
-    def next_batch(self, *, block: bool = True) -> list[Item] | None:
-        """The next batch, or None once stopped. ``block=False`` returns [] when idle."""
+    def next_batch(self, *, block: bool = True, timeout: float | None = None) -> list[Item] | None:
+        """The next batch, or None once stopped. ``block=False`` returns [] when idle, as does
+        a wait that passes ``timeout`` seconds."""
         q = self._q
         while True:
             try:
-                first = q.get(block)
+                first = q.get(block, timeout)
             except queue.Empty:
                 return []
             if first is _STOP:
@@ -139,12 +144,17 @@ class Batcher:
         is replaced (then it leaves as soon as the call it was stuck in returns, and its late
         results go nowhere). Between batches, one round of the streams under way (``advance``)."""
         live = self.advance is not None  # a worker that replaced another: streams may be under way
+        stalled = False
         while generation == self._generation:
-            batch = self.next_batch(block=not live)
+            # streams under way: look for a batch and go on; all waiting on their readers: wait a moment
+            batch = self.next_batch(block=not live or stalled, timeout=STALLED_WAIT_S if stalled else None)
             if batch is None:
                 while live and generation == self._generation:  # stopping: the streams end first
                     with self.model_lock:
-                        live = self._advance()
+                        state = self._advance()
+                    live = state is not None
+                    if state is False:
+                        time.sleep(STALLED_WAIT_S)
                 return
             lock = self.model_lock
             with lock:
@@ -158,7 +168,8 @@ class Batcher:
                 try:
                     if batch:
                         self.process(batch)
-                    live = self._advance()
+                    state = self._advance()
+                    live, stalled = state is not None, state is False
                 finally:
                     if generation == self._generation:
                         self.busy = False
@@ -169,14 +180,14 @@ class Batcher:
         waiting for a batch, takes it on."""
         self._q.put(_WAKE)
 
-    def _advance(self) -> bool:
+    def _advance(self) -> bool | None:
         if self.advance is None:
-            return False
+            return None
         try:
             return self.advance()
         except Exception:  # a bug of ours: said, and the worker goes on (its death would hang every request)
             log.exception("servescope: advancing the streams under way failed")
-            return False
+            return None
 
     def progress(self) -> None:
         """The running batch moved on (a model that yields made a step): the watchdog's

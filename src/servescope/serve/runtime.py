@@ -87,7 +87,7 @@ class Runtime:
         self.on_progress: Callable[[], None] | None = None
         #: streams under way, advanced a round at a time by ``advance()`` (None: each stream runs
         #: to its end in the call that starts it, as in warm-up)
-        self.live: list[Iterator[None]] | None = None
+        self.live: list[Iterator[bool]] | None = None
         self._stream_items: dict[int, list[Item]] = {}  # a live stream's items, by id(stream)
         #: a model that yields was seen (in warm-up or since): never run inline on the event loop
         self.streamed = False
@@ -232,24 +232,29 @@ class Runtime:
             it.durations["serialize"] = it.durations.get("serialize", 0) + time.perf_counter_ns() - t
 
     # -- streamed answers --------------------------------------------------------------------
-    def _run(self, stream: Iterator[None], items: list[Item]) -> None:
+    def _run(self, stream: Iterator[bool], items: list[Item]) -> None:
         """Start a stream: its first round now; the rest here too (warm-up, no server), or one
         round per ``advance()`` beside the other live streams and new batches."""
-        if self.live is None:
+        if self.live is None:  # (warm-up: nothing is sent, so no reader is ever behind)
             for _ in stream:
                 pass
         elif next(stream, _END) is not _END:
             self.live.append(stream)
             self._stream_items[id(stream)] = items
 
-    def advance(self) -> bool:
+    def advance(self) -> bool | None:
         """One round of every live stream (a step of each model that yields, a chunk of each
-        postprocess that yields); whether any is still live. The batcher calls it between
-        batches, so a request that comes while others stream starts at once."""
+        postprocess that yields). None when no stream is live any more; False when every live
+        stream waits for its readers (nothing moved: the worker may wait a moment); True
+        otherwise. The batcher calls it between batches, so a request that comes while others
+        stream starts at once."""
         live = self.live or []
+        moved = False
         for stream in list(live):
             try:
-                more = next(stream, _END) is not _END
+                went = next(stream, _END)
+                more = went is not _END
+                moved = moved or went is not False
             except Exception as exc:  # a bug of ours, or a stream still running on a worker the watchdog replaced
                 log.error("servescope: a stream failed and is dropped: %s: %s", type(exc).__name__, exc)
                 _close(stream)
@@ -262,9 +267,9 @@ class Runtime:
             if not more:
                 live.remove(stream)
                 self._stream_items.pop(id(stream), None)
-        return bool(live)
+        return moved if live else None
 
-    def _stream_steps(self, items: list[Item], steps: _Steps) -> Iterator[None]:
+    def _stream_steps(self, items: list[Item], steps: _Steps) -> Iterator[bool]:
         """A model whose ``infer`` yields: each step's output (for the whole batch: the items
         keep sharing forwards) is split, postprocessed per item into that item's next chunk
         (``None``: no chunk this step) and handed to the server, until the generator ends, or
@@ -291,7 +296,9 @@ class Runtime:
                     self._end_streams(over)
                 if all(it.error is not None or it.cancelled or it.ended for it in items):
                     break  # (the generator is closed: no step for nobody)
-                yield None  # other streams' steps, and new batches, between two of this one
+                yield True  # other streams' steps, and new batches, between two of this one
+                while all(_behind(it) for it in items if it.error is None and not it.cancelled and not it.ended):
+                    yield False  # every reader of this batch is behind: its next step waits for them
                 if self.on_progress is not None:
                     self.on_progress()
                 t = clock()
@@ -320,10 +327,11 @@ class Runtime:
 
     def _stream_result(self, it: Item, chunks: Any) -> None:
         """A postprocess that yields, within a step: each chunk handed over as it is made."""
-        for _ in self._interleave([(it, chunks)], end=False):
-            pass
+        for moved in self._interleave([(it, chunks)], end=False):
+            if not moved:  # its reader is behind: let it catch up
+                time.sleep(0.001)
 
-    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True) -> Iterator[None]:
+    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True) -> Iterator[bool]:
         """The items' postprocess generators, a chunk of each in turn (a batch's answers all
         start streaming, not one after the other), each chunk handed over as it is made;
         yields after each round."""
@@ -333,9 +341,13 @@ class Runtime:
         for it, _ in streams:
             it.streaming = True
         while live:
+            moved = False
             for pair in list(live):
                 it, chunks = pair
                 done = it.cancelled or it.error is not None
+                if not done and _behind(it):
+                    continue  # its reader is behind: its next chunk waits (the others go on)
+                moved = True
                 if not done:
                     t = clock()
                     chunk = None
@@ -356,13 +368,14 @@ class Runtime:
                     if end:  # its answer ends now, not with the batch's longest
                         self._end_streams([it])
             if live:
-                yield None
+                yield moved
 
     def _add_chunk(self, it: Item, result: Any) -> None:
         data = self._serialize(it, result, "json")  # (a stream is JSON lines or SSE, whatever was accepted)
         if data is None:
             return
         chunk = b"data: " + data + b"\n\n" if it.accept == "sse" else data + b"\n"
+        it.handed += len(chunk)
         if it.chunks is None:  # the first: what the head's Server-Timing says
             it.chunks = []
             it.head_timing = dict(it.durations)
@@ -398,6 +411,7 @@ class Runtime:
         else:  # warm-up, tests: nobody to send to
             for it in ready:
                 it.chunks = []
+                it.sent = it.handed
 
     @staticmethod
     def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -522,6 +536,16 @@ class _Steps(NamedTuple):
 
     gen: Any
     first: Any
+
+
+#: A streamed answer whose reader is this many bytes behind (made, not yet sent) waits: its
+#: next chunk is not made until the reader catches up (a batch's step waits when all its
+#: readers are behind).
+MAX_UNSENT_BYTES = 1 << 20
+
+
+def _behind(it: Item) -> bool:
+    return it.handed - it.sent > MAX_UNSENT_BYTES and not it.cancelled
 
 
 def _close(gen: Any) -> None:
