@@ -297,8 +297,12 @@ class Runtime:
                 if all(it.error is not None or it.cancelled or it.ended for it in items):
                     break  # (the generator is closed: no step for nobody)
                 yield True  # other streams' steps, and new batches, between two of this one
-                while all(_behind(it) for it in items if it.error is None and not it.cancelled and not it.ended):
+                while (readers := [it for it in items if it.error is None and not it.cancelled and not it.ended]) and all(
+                    _behind(it) for it in readers
+                ):
                     yield False  # every reader of this batch is behind: its next step waits for them
+                if not readers:
+                    break  # every item ended, failed or left while it waited
                 if self.on_progress is not None:
                     self.on_progress()
                 t = clock()
