@@ -356,3 +356,21 @@ def test_a_reader_that_falls_behind_pauses_its_stream_instead_of_piling_it_up_in
     made_while_stalled, bodies = asyncio.run(go())
     assert made_while_stalled <= (1 << 20) // 65536 + 3  # about 1 MiB (MAX_UNSENT_BYTES) ahead of the reader, not 200 chunks (13 MB)
     assert len(bodies) == 200 and Big.made == 200  # once it reads, the whole answer arrives
+
+
+class BigSteps(Steps):
+    def postprocess(self, step):
+        return None if int(step) < 0 else "x" * (2 << 20)  # 2 MiB a step: its reader is behind at once
+
+
+def test_a_batch_waiting_for_its_readers_ends_when_they_leave():
+    runtime = Runtime(BigSteps())
+    runtime.load()
+    runtime.live = []
+    runtime.on_stream = lambda items: [setattr(it, "chunks", []) for it in items]  # nothing is ever sent
+    item = Item({"n": 50})
+    runtime.process([item])
+    assert runtime.advance() is False  # its reader is behind: the next step waits
+    item.cancelled = True  # the client leaves while its batch waits for it
+    states = [runtime.advance() for _ in range(3)]
+    assert None in states and item.ended  # the stream ended; it did not wait for ever
