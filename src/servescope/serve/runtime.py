@@ -330,12 +330,12 @@ class Runtime:
             self._add_chunk(it, result)
 
     def _stream_result(self, it: Item, chunks: Any) -> None:
-        """A postprocess that yields, within a step: each chunk handed over as it is made."""
-        for moved in self._interleave([(it, chunks)], end=False):
-            if not moved:  # its reader is behind: let it catch up
-                time.sleep(0.001)
+        """A postprocess that yields, within a step: each chunk handed over as it is made (the
+        step's own wait for readers that are behind applies before the next step)."""
+        for _ in self._interleave([(it, chunks)], end=False, bounded=False):
+            pass
 
-    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True) -> Iterator[bool]:
+    def _interleave(self, streams: list[tuple[Item, Any]], *, end: bool = True, bounded: bool = True) -> Iterator[bool]:
         """The items' postprocess generators, a chunk of each in turn (a batch's answers all
         start streaming, not one after the other), each chunk handed over as it is made;
         yields after each round."""
@@ -349,7 +349,7 @@ class Runtime:
             for pair in list(live):
                 it, chunks = pair
                 done = it.cancelled or it.error is not None
-                if not done and _behind(it):
+                if not done and bounded and _behind(it):
                     continue  # its reader is behind: its next chunk waits (the others go on)
                 moved = True
                 if not done:
