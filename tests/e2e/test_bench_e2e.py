@@ -71,7 +71,8 @@ def test_cli_csv_has_a_row_per_measured_request_of_every_level(test_server, tmp_
     measured = [level["load"]["requests"]["measured"] for level in data["sweep"]["levels"]]
     assert [sum(1 for r in rows if r["level"] == lv) for lv in ("20", "40")] == measured
     assert len(rows) == sum(measured) >= 40
-    assert all(r["mode"] == "rate" and r["status"] == "200" and float(r["latency_ms"]) >= DELAY_MS for r in rows)
+    odd = [r for r in rows if r["mode"] != "rate" or r["status"] != "200" or float(r["latency_ms"]) < 0.9 * DELAY_MS]
+    assert not odd, odd[:3]  # (0.9: the server's timer may fire a hair early)
     assert all(r["server_timing"].startswith("infer=") for r in rows)
     assert all(0 <= float(r["scheduled_ms"]) <= 1100 for r in rows)  # offsets into the measured second
     windows = data["load"]["timeline"]["windows"]
