@@ -231,9 +231,7 @@ def test_a_stream_that_fails_in_advance_ends_its_items_and_the_rest_go_on():
         raise ValueError("generator already executing")
         yield
 
-    bad = runtime.live[0]
-    runtime.live[0] = broken()
-    runtime._stream_items[id(runtime.live[0])] = runtime._stream_items.pop(id(bad))
+    runtime.live[0] = (broken(), runtime.live[0][1])
     while runtime.advance():
         pass
     assert a.ended and a.error and "generator already executing" in a.error

@@ -308,13 +308,22 @@ def test_a_model_that_cannot_load_ends_serve_with_the_reason(workers):
     assert "no checkpoint at /models/ckpt.pt" in last and "Traceback" in p.stderr
 
 
-def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
+def _worker_of(response) -> str:
+    """The worker that answered, from its Server-Timing (``replica;desc="w<pid>"``)."""
+    return response.headers["server-timing"].rsplit('replica;desc="', 1)[1].split('"')[0]
+
+
+def _two_workers() -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "servescope", "serve", "examples/mlp_serve.py:MLP", "--port", str(port), "--workers", "2"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
+    proc, url = _two_workers()
     try:
         deadline = time.monotonic() + 120
         ready: set[str] = set()
@@ -322,7 +331,7 @@ def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
             assert proc.poll() is None, proc.stderr.read()
             try:
                 r = urllib.request.urlopen(f"{url}/predict", data=BODY, timeout=5)
-                ready.add(r.headers["server-timing"].rsplit('replica;desc="', 1)[1].split('"')[0])
+                ready.add(_worker_of(r))
             except (OSError, IndexError):
                 time.sleep(0.2)
         assert len(ready) == 2, "both workers answer on the one port"
@@ -344,19 +353,10 @@ def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
     assert f'servescope_requests_total{{status="200"}} {float(base + 60)}' in metrics  # /metrics merged too
 
 
-def _worker_of(response) -> str:
-    return response.headers["server-timing"].rsplit('replica;desc="', 1)[1].split('"')[0]
-
-
 def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all():
     import httpx
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "servescope", "serve", "examples/mlp_serve.py:MLP", "--port", str(port), "--workers", "2"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _two_workers()
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

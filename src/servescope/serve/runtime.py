@@ -85,12 +85,9 @@ class Runtime:
         self.on_stream: Callable[[list[Item]], None] | None = None
         #: called between the steps of a model that yields (the watchdog sees the batch move on)
         self.on_progress: Callable[[], None] | None = None
-        #: streams under way, advanced a round at a time by ``advance()`` (None: each stream runs
-        #: to its end in the call that starts it, as in warm-up)
-        self.live: list[Iterator[bool]] | None = None
-        self._stream_items: dict[int, list[Item]] = {}  # a live stream's items, by id(stream)
-        #: a model that yields was seen (in warm-up or since): never run inline on the event loop
-        self.streamed = False
+        #: streams under way and their items, advanced a round at a time by ``advance()`` (None:
+        #: each stream runs to its end in the call that starts it, as in warm-up)
+        self.live: list[tuple[Iterator[bool], list[Item]]] | None = None
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -239,8 +236,7 @@ class Runtime:
             for _ in stream:
                 pass
         elif next(stream, _END) is not _END:
-            self.live.append(stream)
-            self._stream_items[id(stream)] = items
+            self.live.append((stream, items))
 
     def advance(self) -> bool | None:
         """One round of every live stream (a step of each model that yields, a chunk of each
@@ -250,7 +246,8 @@ class Runtime:
         stream starts at once."""
         live = self.live or []
         moved = False
-        for stream in list(live):
+        for entry in list(live):
+            stream, items = entry
             try:
                 went = next(stream, _END)
                 more = went is not _END
@@ -259,14 +256,12 @@ class Runtime:
                 log.error("servescope: a stream failed and is dropped: %s: %s", type(exc).__name__, exc)
                 _close(stream)
                 more = False
-                items = self._stream_items.pop(id(stream), [])
                 for it in items:
                     if it.error is None and not it.ended:
                         _fail(it, exc, 500, "forward")
                 self._end_streams([it for it in items if not it.ended])
             if not more:
-                live.remove(stream)
-                self._stream_items.pop(id(stream), None)
+                live.remove(entry)
         return moved if live else None
 
     def _stream_steps(self, items: list[Item], steps: _Steps) -> Iterator[bool]:
@@ -276,7 +271,6 @@ class Runtime:
         every item has failed or its client has left. Yields between steps."""
         gen, step = steps
         clock = time.perf_counter_ns
-        self.streamed = True
         for it in items:
             it.streaming = True
         try:
@@ -341,7 +335,6 @@ class Runtime:
         yields after each round."""
         clock = time.perf_counter_ns
         live = list(streams)
-        self.streamed = True
         for it, _ in streams:
             it.streaming = True
         while live:
