@@ -105,8 +105,9 @@ def test_bench_reads_the_stream_the_server_says_it_sent(server):
     (rep,) = run_bench(BenchOptions(url=f"{server}/predict", bodies=[b'{"n": 5}'], concurrency=[2], duration_s=2.0, warmup_s=0.3))
     stream_ = rep.load.stream
     assert stream_ is not None and stream_.responses >= 4
-    # two streams live at once, each step 50 ms on the one worker: a token every two steps
-    assert 1.6 * STEP_S * 1000 < stream_.itl["p50_ms"] < 2.6 * STEP_S * 1000
+    # each step 50 ms on the one worker: a token every step when one stream is live, every two
+    # steps when both are (which depends on when the closed loop's requests end and start)
+    assert 0.8 * STEP_S * 1000 < stream_.itl["p50_ms"] < 2.6 * STEP_S * 1000
     # and neither waits for the other's whole generation before its first token
     assert stream_.ttft["p99_ms"] < 4 * STEP_S * 1000
     assert rep.errors == {}
