@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["available_cpus", "capture_environment", "idle_cpu_seconds"]
+__all__ = ["CpuReading", "available_cpus", "capture_environment", "cpu_pressure_us", "idle_cpu_seconds"]
 
 
 def _cgroup_cpus() -> float | None:
@@ -58,6 +58,60 @@ def idle_cpu_seconds() -> float | None:
         return ticks / os.sysconf("SC_CLK_TCK")
     except (AttributeError, OSError, ValueError, IndexError):
         return None
+
+
+def cpu_pressure_us(path: str = "/proc/pressure/cpu") -> float | None:
+    """Microseconds since boot during which some runnable task waited for a CPU (Linux's
+    pressure stall information, "some total"); None where the kernel does not keep it.
+
+    Two readings around a phase, divided by its length, give the share of the phase in which
+    the CPUs were contended: near 0 on a quiet machine, large with a busy neighbour."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("some "):
+                    for part in line.split():
+                        if part.startswith("total="):
+                            return float(part[6:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class CpuReading:
+    """The CPUs around a phase: take one before, call ``since()`` after.
+
+        before = CpuReading()
+        ...                                  # the phase
+        idle, others, pressure = before.since()
+
+    ``idle``: cores left idle; ``others``: cores other processes used (the CPUs' busy time less
+    this process's own CPU time); ``pressure``: share of the phase during which some runnable
+    task waited for a CPU. Each is None where the OS does not say."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self.t0, self.idle0, self.psi0, self.cpu0 = self._clock(), idle_cpu_seconds(), cpu_pressure_us(), time.process_time()
+
+    def since(self) -> tuple[float | None, float | None, float | None]:
+        import time
+
+        wall = self._clock() - self.t0
+        idle1, psi1, cpu1 = idle_cpu_seconds(), cpu_pressure_us(), time.process_time()
+        if wall <= 0:
+            return None, None, None
+        idle = (idle1 - self.idle0) / wall if idle1 is not None and self.idle0 is not None else None
+        others = None
+        if idle is not None:
+            others = max(available_cpus() - idle - (cpu1 - self.cpu0) / wall, 0.0)
+        pressure = min((psi1 - self.psi0) / 1e6 / wall, 1.0) if psi1 is not None and self.psi0 is not None else None
+        return (
+            round(idle, 2) if idle is not None else None,
+            round(others, 2) if others is not None else None,
+            round(pressure, 3) if pressure is not None else None,
+        )
 
 
 def _torch_info(import_torch: bool) -> dict[str, Any] | None:

@@ -75,6 +75,13 @@ class Finding:
     detail: str = ""
     #: who pays ``saving_ms``: "request" (every request) or "first request" (once, at start)
     saving_per: str = "request"
+    #: "measured" (the doctor tried the fix on the endpoint: saving_low_ms..saving_high_ms is
+    #: its 95% interval) or "estimated" (from what ``detail`` says); "" for no saving
+    saving_basis: str = ""
+    saving_low_ms: float | None = None
+    saving_high_ms: float | None = None
+    #: the load the saving holds at: "c=1" (one caller), "c=8" (eight at once) ...
+    saving_load: str = ""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

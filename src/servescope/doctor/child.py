@@ -48,7 +48,12 @@ def main(argv: list[str]) -> None:
         try:
             obj = load_target(job["spec"])
             payload = orjson.loads(Path(job["payload"]).read_bytes())
-            report = diagnose(obj, payload=payload, options=options, progress=lambda p, f: say(phase=p, frac=f), target_name=job["spec"])
+            from .cold import repeat_first_request
+
+            report = diagnose(
+                obj, payload=payload, options=options, progress=lambda p, f: say(phase=p, frac=f), target_name=job["spec"],
+                repeat_cold=lambda: repeat_first_request(job["spec"], job["payload"], options),
+            )  # fmt: skip
         except ConfigError as exc:
             say(config_error=str(exc))
             code = 2

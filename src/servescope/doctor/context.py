@@ -10,6 +10,9 @@ from typing import Any
 __all__ = ["current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
 
 _evidence: ContextVar[dict[str, Any] | None] = ContextVar("servescope_evidence", default=None)
+#: set while a probed model call that is not a torch module runs (``encode``, a pipeline): the
+#: torch modules it calls are part of it, not forwards of their own
+_in_model_call: ContextVar[bool] = ContextVar("servescope_in_model_call", default=False)
 
 
 def new_evidence() -> dict[str, Any]:

@@ -27,9 +27,11 @@ __all__ = [
     "Evidence",
     "Forwards",
     "LoopActivity",
+    "Machine",
     "MissingEvidence",
     "Repeated",
     "Warm",
+    "WhatIf",
 ]
 
 
@@ -79,6 +81,13 @@ class Cold:
     constructed: int = 0
     params_built: int = 0
     load_calls: list[str] = field(default_factory=list)
+    #: its own stages (as the warm requests' breakdown splits them), ms
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    #: a second first request, in a fresh process, when the first was slow with no load to
+    #: explain it (one sample is not enough to claim a cold start on)
+    repeat_ms: float | None = None
+    repeat_p50_ms: float | None = None
+    repeat_error: str = ""
 
 
 @dataclass
@@ -88,6 +97,8 @@ class Warm:
     requests: int = 0
     errors: int = 0
     p50_ms: float | None = None
+    p90_ms: float | None = None
+    max_ms: float | None = None
     loads_per_request: float = 0.0
     load_ms_per_request: float = 0.0
     load_calls: list[str] = field(default_factory=list)
@@ -167,6 +178,56 @@ class Environment:
 
 
 @dataclass
+class WhatIf:
+    """One fix tried on the running endpoint: blocks of requests with the fix applied (B)
+    interleaved with blocks of the unchanged endpoint (A), the same body, at ``concurrency``
+    callers; ``saving_ms`` is the mean of the paired differences of the blocks' medians (A - B),
+    with its 95% interval. Not tried (``tried`` False) says why in ``why_not``."""
+
+    fix: str = ""
+    tried: bool = False
+    why_not: str = ""
+    concurrency: int = 1
+    pairs: int = 0
+    requests: int = 0  # with the fix applied, counted
+    base_p50_ms: float | None = None
+    fixed_p50_ms: float | None = None
+    saving_ms: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    base_rps: float | None = None
+    fixed_rps: float | None = None
+    #: how the answers compared: "same", "same within float noise", "differ" (expected by the
+    #: fix, as eval() with dropout), or "vary from call to call: compared by shape"
+    answers: str = ""
+    #: how many times the fix took effect in its blocks (a memoised call answered from memory)
+    hits: int | None = None
+    extra_mb: float | None = None  # memory the fixed blocks held beyond the unchanged ones
+    #: the CPUs while it ran: idle cores, cores other processes used, and the share of time a
+    #: runnable task (the doctor's own included) waited for one
+    cores_idle: float | None = None
+    others_cores: float | None = None
+    cpu_pressure: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Machine:
+    """How busy the machine was while the doctor measured: a busy machine makes every timing
+    slower and noisier (the A/B experiments cancel most of it; single samples do not)."""
+
+    cpus_available: float | None = None
+    cores_idle: float | None = None  # during the warm requests
+    #: cores other processes used during the warm requests (the machine's busy time less the doctor's own)
+    others_cores: float | None = None
+    #: share of the warm phase during which some runnable task waited for a CPU (/proc/pressure/cpu)
+    cpu_pressure: float | None = None
+    warm_p90_over_p50: float | None = None  # the spread of the doctor's own warm requests
+    busy: bool = False
+    why_busy: str = ""
+
+
+@dataclass
 class Evidence:
     """Everything the rules may read. ``stages`` and ``p50_ms`` come from the Report's own
     statistics; the rest from the doctor's phases."""
@@ -189,9 +250,17 @@ class Evidence:
     #: why the probed measurements were dropped for unprobed ones, when they were
     probes_at_fault: str | None = None
     scaling: float | None = None
+    #: fix name -> the fix tried on the endpoint (doctor/experiments/), or why it was not
+    experiments: dict[str, WhatIf] = field(default_factory=dict)
+    machine: Machine | None = None
     # from the Report, not saved under "evidence"
     stages: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"report": True})
     p50_ms: float = field(default=0.0, metadata={"report": True})
+
+    def tried(self, name: str) -> WhatIf | None:
+        """The experiment ``name`` when it ran to the end and measured a saving, else None."""
+        w = self.experiments.get(name)
+        return w if w is not None and w.tried and w.saving_ms is not None else None
 
     def need(self, name: str) -> Any:
         """The section ``name``, or ``MissingEvidence`` saying why this run has none."""
@@ -221,7 +290,11 @@ class Evidence:
         for f in dataclasses.fields(self):
             if not f.metadata.get("report"):
                 value = getattr(self, f.name)
-                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                if dataclasses.is_dataclass(value):
+                    value = dataclasses.asdict(value)
+                elif isinstance(value, dict):
+                    value = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in value.items()}
+                out[f.name] = value
         return out
 
     @classmethod
@@ -268,6 +341,9 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if dataclasses.is_dataclass(opt):
             return _build(opt, value, where)
         base = get_origin(opt) or opt
+        args = get_args(opt)
+        if base is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]) and isinstance(value, dict):
+            return {str(k): _build(args[1], v, f"{where}.{k}") for k, v in value.items()}
         if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if base is int and isinstance(value, int) and not isinstance(value, bool):

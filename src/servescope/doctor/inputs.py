@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-__all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "replicate", "vary"]
+__all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "replicate", "text_batch", "texts_of", "vary"]
 
 #: Inputs up to this many values are hashed whole (under a millisecond); bigger ones by a
 #: strided sample of ``_SAMPLE`` values (images differ everywhere, so a sample tells them apart).
@@ -54,6 +54,28 @@ def first_array(obj: Any) -> Any:
         if getattr(leaf, "ndim", len(getattr(leaf, "shape", ()))) > 0:
             return leaf
     return None
+
+
+def texts_of(obj: Any, depth: int = 0) -> list[str] | None:
+    """The texts a model call was given (``encode(["a", "b"])``, ``pipe("a")``), when its inputs
+    are texts rather than arrays."""
+    if depth > 3:
+        return None
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(v, str) for v in obj):
+        return list(obj)
+    if isinstance(obj, (list, tuple)) and obj:
+        return texts_of(obj[0], depth + 1)
+    if isinstance(obj, Mapping):
+        return next((t for t in (texts_of(v, depth + 1) for v in obj.values()) if t is not None), None)
+    return None
+
+
+def text_batch(obj: Any) -> int | None:
+    """How many texts a call was given, or None when it was given none."""
+    texts = texts_of(obj)
+    return len(texts) if texts is not None else None
 
 
 def pad_share(obj: Any) -> float | None:
@@ -108,7 +130,16 @@ def fingerprint(obj: Any) -> str | None:
         except Exception:  # an exotic array type: its shape alone
             continue
         seen = True
-    return h.hexdigest() if seen else None
+    if not seen:
+        texts = texts_of(obj)
+        if texts is None:
+            return None
+        h.update(repr(("texts", len(texts))).encode())
+        for t in texts:
+            h.update(t.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        seen = True
+    return h.hexdigest()
 
 
 def replicate(obj: Any, b: int, depth: int = 0) -> Any:

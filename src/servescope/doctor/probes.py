@@ -32,11 +32,12 @@ import inspect
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from ..timing import current_stage_name, stage
-from .inputs import detached, fingerprint, first_array, pad_share, replicate
-from .context import _evidence, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
+from .inputs import detached, fingerprint, first_array, pad_share, replicate, text_batch
+from .context import _evidence, _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
 from .stacks import StackProbes
 
 __all__ = ["Probes", "current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
@@ -74,6 +75,14 @@ class Probes(StackProbes):
         self.background_forwards: list[dict[str, Any]] = []
         #: intra-op threads of each ONNX Runtime session created while probed
         self.ort_threads: list[int] = []
+        #: model classes built inside requests (``nn.Module`` subclasses), with how many times
+        self.model_types: dict[type, int] = {}
+        #: input fingerprint -> (the object called, its method, how its inputs are read), for the
+        #: experiments that change one model call (weakly held: a model built per request goes)
+        self.owners: dict[str, tuple[Any, str, Callable[[tuple[Any, ...], dict[str, Any]], Any]]] = {}
+        #: the outermost torch modules called in requests, by id (weakly held)
+        self.modules: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._has_params: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     #: distinct model calls kept for the batch probe (the first few, by input fingerprint)
@@ -87,6 +96,19 @@ class Probes(StackProbes):
         """Keep a model call the batch probe can replay at other batch sizes."""
         with self._lock:
             self.captured.setdefault("calls", {}).setdefault(fp, {"replay": replay, "kind": kind, "model": model})
+
+    MAX_OWNERS = 64
+
+    def own(self, fp: str | None, owner: Any, method: str, inputs_of: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+        """Remember which object a model call with this input fingerprint went to."""
+        if fp is None or fp in self.owners or len(self.owners) >= self.MAX_OWNERS:
+            return
+        try:
+            ref = weakref.ref(owner)
+        except TypeError:  # an object without weak references: not kept
+            return
+        with self._lock:
+            self.owners.setdefault(fp, (ref, method, inputs_of))
 
     def switch(self, name: str) -> _Switch:
         sw = self._switches.get(name)
@@ -228,8 +250,14 @@ class Probes(StackProbes):
         def pre_hook(module: Any, args: tuple[Any, ...]) -> None:
             depth = getattr(local, "depth", 0) + 1
             local.depth = depth
-            if not sw.on or getattr(local, "active", None) is not None or busy():
-                return  # inside an outer forward, or torch is tracing/scripting/compiling
+            if not sw.on or getattr(local, "active", None) is not None or busy() or _in_model_call.get():
+                return  # inside an outer forward or another model call (encode, a pipeline), or torch is tracing
+            try:
+                if not probes._weights(module):
+                    return  # a module without weights (an image transform, a softmax) prepares or reads, it is no model
+            except Exception as exc:
+                sw.fail(exc)
+                return
             try:
                 infer.__enter__()
             except Exception as exc:
@@ -248,6 +276,9 @@ class Probes(StackProbes):
             try:
                 record = {**probes._static(module), **probes._describe_call((args, kwargs), ms)}
                 probes._record_forward(record)
+                if _evidence.get() is not None:
+                    probes.modules[id(module)] = module
+                    probes.own(record["fp"], module, "forward", _args_and_kwargs)
                 if probes.wants(record["fp"]) and not _is_script(torch, module) and first_array((args, kwargs)) is not None:
                     with torch.inference_mode(False):  # copies the probe can also run with autograd on
                         cargs, ckwargs = detached(args), detached(kwargs)
@@ -283,14 +314,22 @@ class Probes(StackProbes):
         if safetensors is not None:
             self._patch_module_func(safetensors, "load_file", "safetensors.load_file")
 
+    def _weights(self, module: Any) -> bool:
+        """Whether a module has parameters (cached: asked on every outermost call)."""
+        has = self._has_params.get(module)
+        if has is None:
+            has = self._has_params[module] = next(module.parameters(), None) is not None
+        return has
+
     def _describe_call(self, inputs: Any, ms: float) -> dict[str, Any]:
         """What a model call's inputs tell, whatever their shape: batch size, device, padding,
         a fingerprint; and the call's context (autograd, event loop)."""
         torch = self.torch
         x = first_array(inputs)
         device = getattr(x, "device", None)
+        texts = text_batch(inputs) if x is None else None
         return {
-            "batch": int(x.shape[0]) if x is not None and len(x.shape) > 0 else None,
+            "batch": int(x.shape[0]) if x is not None and len(x.shape) > 0 else texts,
             "input_device": str(device) if device is not None else ("cpu" if x is not None else None),
             "grad": bool(torch is not None and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()),
             "on_event_loop": _loop_running(),
@@ -433,6 +472,7 @@ class Probes(StackProbes):
                     ev = _evidence.get()
                     if ev is not None:
                         now = time.perf_counter_ns()
+                        self.model_types[type(self_)] = self.model_types.get(type(self_), 0) + 1
                         ev["constructed"] += 1
                         if ev["first_init_ns"] is None:
                             ev["first_init_ns"] = now
@@ -485,6 +525,10 @@ class Probes(StackProbes):
                         ev["load_windows"].append((t0, t1))
 
         return wrapper
+
+
+def _args_and_kwargs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return (args, kwargs)
 
 
 def _torch_busy(torch: Any) -> Callable[[], bool]:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..environment import available_cpus, idle_cpu_seconds
+from ..environment import CpuReading, available_cpus, idle_cpu_seconds
 from ..exceptions import ConfigError, EndpointError
 from ..recorder import Recorder
 from ..report import Report
@@ -40,8 +40,10 @@ from .evidence import (
     Environment,
     Evidence,
     Forwards,
+    Machine,
     Repeated,
     Warm,
+    WhatIf,
 )
 from .probes import Probes
 from .sampler import StackSampler
@@ -66,6 +68,8 @@ class DoctorOptions:
     timeout_s: float = 30.0
     max_seconds: float = 40.0
     batch_probe: tuple[int, ...] = (1, 2, 4, 8, 16)
+    #: time for trying fixes on the endpoint (doctor/experiments/); 0 tries none
+    experiment_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path.startswith("/"):
@@ -82,6 +86,8 @@ class DoctorOptions:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if not isinstance(self.experiment_seconds, (int, float)) or not 0 <= self.experiment_seconds < math.inf:
+            raise ConfigError(f"experiment_seconds must be a number of seconds >= 0, got {self.experiment_seconds!r}")
 
 
 #: A share of the request outside every stage above which the report says it cannot tell.
@@ -180,6 +186,8 @@ def _warm(obs: list[Observation]) -> Warm:
         requests=len(obs),
         errors=sum(1 for o in obs if o.error),
         p50_ms=round(float(np.percentile([o.latency_ms for o in ok], 50)), 4) if ok else None,
+        p90_ms=round(float(np.percentile([o.latency_ms for o in ok], 90)), 4) if ok else None,
+        max_ms=round(max(o.latency_ms for o in ok), 4) if ok else None,
         loads_per_request=per("loads"),
         load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
         load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),
@@ -250,8 +258,18 @@ class _Run:
     """One doctor run over one endpoint. ``execute()`` fills the fields; ``report()`` builds
     the Report from them."""
 
-    def __init__(self, endpoint: Endpoint, payload: Any, options: DoctorOptions, tick: Callable[[str, float], None]) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        payload: Any,
+        options: DoctorOptions,
+        tick: Callable[[str, float], None],
+        repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
+    ) -> None:
         self.endpoint, self.payload, self.options, self.tick = endpoint, payload, options, tick
+        self.repeat_cold = repeat_cold
+        self.repeated_cold: tuple[float | None, float | None, str | None] | None = None
+        self.machine = Machine(cpus_available=available_cpus())
         self.body = payload_bytes(payload)
         self.probes = Probes()
         self.sampler = StackSampler()
@@ -268,6 +286,7 @@ class _Run:
         self.varied: Observation | None = None
         self.repeated: Repeated | None = None
         self.constant: frozenset[str] = frozenset()
+        self.experiments: dict[str, WhatIf] = {}
 
     def _left(self) -> float:
         return self.options.max_seconds - (time.perf_counter() - self.started)
@@ -301,7 +320,9 @@ class _Run:
             self.tick("cold request", 0.0)
             self.cold = self.endpoint.request(self.body, o.timeout_s)
             with self.sampler:
+                reading = CpuReading()
                 self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
+                self._machine(reading)
                 if any(w.error for w in self.warm):
                     self._check_the_probes()
                 if not any(w.error is None for w in self.warm):
@@ -311,6 +332,8 @@ class _Run:
             self.probes.remove()  # the batch probe times the model alone, without the probes' hooks
             self.tick("batch probe", 0.0)
             self._batch_probe()
+            self._experiments()
+            self._repeat_cold()
         finally:
             self.probes.remove()
             self.endpoint.stop()
@@ -414,6 +437,51 @@ class _Run:
         else:
             self.missing["batch_probe"] = f"batch probe abandoned: it did not finish within {self.options.timeout_s:g} s"
 
+    def _machine(self, reading: CpuReading) -> None:
+        """How busy the machine was during the warm requests, said in the report: timings on a
+        busy machine are slower and noisier."""
+        m = self.machine
+        m.cores_idle, m.others_cores, m.cpu_pressure = reading.since()
+        ok = [w.latency_ms for w in self.warm if w.error is None]
+        if len(ok) >= 3:
+            p50 = float(np.percentile(ok, 50))
+            m.warm_p90_over_p50 = round(float(np.percentile(ok, 90)) / p50, 2) if p50 > 0 else None
+        from ..rules.savings import BUSY_CORES
+
+        if m.others_cores is not None and m.others_cores >= BUSY_CORES:
+            m.busy = True
+            m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy during the warm requests"
+        elif m.others_cores is None and m.cpu_pressure is not None and m.cpu_pressure >= 0.5:
+            m.busy = True
+            m.why_busy = f"tasks waited for a CPU {m.cpu_pressure:.0%} of the time during the warm requests"
+
+    def _repeat_cold(self) -> None:
+        """A first request slow with no load to explain it is one sample: start the endpoint
+        again in a fresh process and see whether its first request is slow again."""
+        cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
+        if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
+            return
+        warm = _warm(self.warm)
+        lazy = (cold.evidence.get("loads", 0) > 0 or cold.evidence.get("params_built", 0) > 0) and warm.loads_per_request < 0.5
+        from ..rules.causes import first_request_slow
+
+        if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
+            return
+        self.tick("a second first request, in a fresh process", 0.0)
+        self.repeated_cold = self.repeat_cold()
+
+    def _experiments(self) -> None:
+        """Try each fix the evidence calls for on the endpoint itself (doctor/experiments/),
+        without the probes, so the savings the findings name are measured ones."""
+        o = self.options
+        if o.experiment_seconds <= 0 or self.probes_at_fault or self.verdict().diagnosed is False:
+            return
+        from .experiments import Lab, Seen, run_experiments
+
+        lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=o.experiment_seconds, tick=lambda phase: self.tick(phase, 0.5))
+        self.tick("trying fixes", 0.0)
+        self.experiments = run_experiments(self._evidence(), lab, Seen.from_probes(self.probes, self.constant))
+
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:
         every = [o for o in [self.cold, *self.warm, *self.conc] if o is not None and o.error]
@@ -451,30 +519,13 @@ class _Run:
             v.hint = "the app rejected the payload: make --body a request the endpoint accepts"
         return v
 
-    def report(self, target_name: str) -> Report:
-        o = self.options
-        rec = Recorder()
-        is_http = self.endpoint.kind != "function"
-        for w in self.warm:  # the cold request is reported on its own (first_ms), not in the statistics
-            stages = split_other(w.trace, w.evidence) if w.trace is not None else {}
-            if w.trace is not None and is_http:  # what the server did not see
-                stages["network+client"] = max(w.latency_ms - (w.trace.total_ms or 0.0), 0.0)
-            rec.record_durations(stages, w.latency_ms, error=w.error)
-        report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
-        verdict = self.verdict()
-        if self.cold is not None:
-            report.latency["first_ms"] = round(self.cold.latency_ms, 4)
-        failures = sorted({x.error for x in [self.cold, *self.warm, *self.conc] if x is not None and x.error})
-        diagnosis = report.diagnosis = Diagnosis(
-            verdict=verdict, endpoint_errors=failures[:5], probes_disabled=dict(self.probes.disabled)
-        )
-        if not verdict.diagnosed:
-            report.meta["diagnosed"] = False
-            return report
+    def _evidence(self) -> Evidence:
+        """What the run measured, typed: for the experiments, then the rules."""
         warm = _warm(self.warm)
         if "warm.forwards" in self.missing:
             warm.forwards = Forwards()
         ok_warm = [w for w in self.warm if w.error is None]
+        o = self.options
         conc_ok = [c for c in self.conc if c.error is None]
         # from the median: one slow request (a collection, a late warm-up) must not halve it
         seq_rps = 1000 / statistics.median(w.latency_ms for w in ok_warm) if ok_warm else None
@@ -502,6 +553,8 @@ class _Run:
                     windows.setdefault(k, []).extend(v)
         cold = self.cold or Observation(0.0)
         hot = self.sampler.hot_spots(windows)
+        again_ms, again_p50, again_error = self.repeated_cold or (None, None, None)
+        cold_stages = split_other(cold.trace, cold.evidence) if cold.trace is not None else {}
         evidence = Evidence(
             target_kind=self.endpoint.kind,
             cold=Cold(
@@ -511,6 +564,10 @@ class _Run:
                 constructed=cold.evidence.get("constructed", 0),
                 params_built=cold.evidence.get("params_built", 0),
                 load_calls=[label for label, _ in cold.evidence.get("load_calls", [])],
+                stage_ms={k: round(v, 3) for k, v in cold_stages.items()},
+                repeat_ms=again_ms,
+                repeat_p50_ms=again_p50,
+                repeat_error=again_error or "",
             ),
             warm=warm,
             concurrent=concurrent,
@@ -530,7 +587,32 @@ class _Run:
             missing=self.missing,
             probes_disabled=dict(self.probes.disabled),
             probes_at_fault=self.probes_at_fault,
+            experiments=dict(self.experiments),
+            machine=self.machine,
         )
+        return evidence
+
+    def report(self, target_name: str) -> Report:
+        o = self.options
+        rec = Recorder()
+        is_http = self.endpoint.kind != "function"
+        for w in self.warm:  # the cold request is reported on its own (first_ms), not in the statistics
+            stages = split_other(w.trace, w.evidence) if w.trace is not None else {}
+            if w.trace is not None and is_http:  # what the server did not see
+                stages["network+client"] = max(w.latency_ms - (w.trace.total_ms or 0.0), 0.0)
+            rec.record_durations(stages, w.latency_ms, error=w.error)
+        report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
+        verdict = self.verdict()
+        if self.cold is not None:
+            report.latency["first_ms"] = round(self.cold.latency_ms, 4)
+        failures = sorted({x.error for x in [self.cold, *self.warm, *self.conc] if x is not None and x.error})
+        diagnosis = report.diagnosis = Diagnosis(
+            verdict=verdict, endpoint_errors=failures[:5], probes_disabled=dict(self.probes.disabled)
+        )
+        if not verdict.diagnosed:
+            report.meta["diagnosed"] = False
+            return report
+        evidence = self._evidence()
         diagnosis.evidence = evidence.to_dict()
         other = (report.stages.get("other") or {}).get("share") or 0.0
         if other >= UNATTRIBUTED_SHARE:
@@ -548,12 +630,15 @@ def diagnose(
     options: DoctorOptions | None = None,
     progress: Callable[[str, float], None] | None = None,
     target_name: str = "",
+    repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
 ) -> Report:
     """Run the endpoint under probes, in this process, and return the Report: its verdict
     (``report.diagnosis.verdict``), findings and what could not be checked. The command line runs
     this in a child process (``isolate.py``); call it directly for an endpoint you trust
-    to return."""
+    to return. ``repeat_cold`` starts the endpoint again in a fresh process and returns its
+    first request's ms, the p50 after it and an error (doctor/cold.py): without it, a slow first
+    request that no load explains is not claimed, it is listed as not checked."""
     options = options or DoctorOptions()
-    run = _Run(make_endpoint(obj, path=options.path), payload, options, progress or (lambda phase, frac: None))
+    run = _Run(make_endpoint(obj, path=options.path), payload, options, progress or (lambda phase, frac: None), repeat_cold)
     run.execute()
     return run.report(target_name)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..timing import carried, current_stage_name, stage
-from .context import _evidence
+from .context import _evidence, _in_model_call
 from .inputs import detached, replicate
 
 __all__ = ["StackProbes"]
@@ -31,6 +31,7 @@ class StackProbes:
     capture: Callable[..., None]
     captured: dict[str, Any]
     ort_threads: list[int]
+    own: Callable[..., None]
 
     def _install_stacks(self) -> None:
         """Model calls and loaders beyond ``nn.Module``: ONNX Runtime, scikit-learn,
@@ -143,14 +144,20 @@ class StackProbes:
             if not sw.on or current_stage_name() == "infer":
                 return original(self_, *args, **kwargs)
             t0 = time.perf_counter_ns()
-            with infer:
-                out = original(self_, *args, **kwargs)
+            token = _in_model_call.set(True)
+            try:
+                with infer:
+                    out = original(self_, *args, **kwargs)
+            finally:
+                _in_model_call.reset(token)
             try:
                 inputs = inputs_of(args, kwargs)
                 record = {"module": type(self_).__name__, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
                 record.update(probes._describe_call(inputs, (time.perf_counter_ns() - t0) / 1e6))
                 record["grad"] = False
                 probes._record_forward(record)
+                if _evidence.get() is not None:
+                    probes.own(record["fp"], self_, original.__name__, inputs_of)
                 if replay_of is not None and probes.wants(record["fp"]) and record["batch"]:
                     replay = replay_of(self_, detached(args), detached(kwargs))
                     if replay is not None:

@@ -22,11 +22,20 @@ def _ms(v: float) -> str:
 
 
 def saving_text(f: Finding) -> str:
+    """The saving in the unit and at the load it has, and whether the fix was tried:
+    "~140 ms/request to gain at c=1 (measured, 128-152)" or "... (estimated)"."""
     if not f.saving_ms:
         return ""
     if f.saving_per == "first request":
-        return f"~{_ms(f.saving_ms)} ms once, on the first request"
-    return f"~{_ms(f.saving_ms)} ms/request to gain"
+        text = f"~{_ms(f.saving_ms)} ms once, on the first request"
+    else:
+        text = f"~{_ms(f.saving_ms)} ms/request to gain" + (f" at {f.saving_load}" if f.saving_load else "")
+    if f.saving_basis == "measured":
+        lo, hi = f.saving_low_ms, f.saving_high_ms
+        text += f" (measured, {_ms(max(lo, 0.0))}-{_ms(hi)})" if lo is not None and hi is not None else " (measured)"
+    elif f.saving_basis == "estimated":
+        text += " (estimated)"
+    return text
 
 
 def _verdict(report: Report) -> list[Any]:

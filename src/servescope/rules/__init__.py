@@ -14,7 +14,8 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes
+from . import causes, concurrency
+from .savings import severity
 
 Rule = Callable[[Evidence], list[Finding]]
 
@@ -26,13 +27,13 @@ RULES: dict[str, Rule] = {
     "model-not-on-accelerator": causes.model_not_on_accelerator,
     "repeated-transfer": causes.repeated_transfer,
     "repeated-work": causes.repeated_work,
-    "no-batching": causes.no_batching,
+    "no-batching": concurrency.no_batching,
     "padding-waste": causes.padding_waste,
     "training-mode": causes.training_mode,
     "grad-enabled": causes.grad_enabled,
     "slow-stages": causes.slow_stages,
-    "event-loop-blocked": causes.event_loop_blocked,
-    "gil-contention": causes.gil_contention,
+    "event-loop-blocked": concurrency.event_loop_blocked,
+    "gil-contention": concurrency.gil_contention,
     "thread-oversubscription": causes.thread_oversubscription,
 }
 
@@ -52,7 +53,10 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
             out.findings.extend(rule(ev))
         except MissingEvidence as exc:
             out.not_checked[name] = str(exc)
-    cap_savings(out.findings, ev.p50_ms)
+    p50_at = {"c=1": ev.p50_ms}
+    if ev.concurrent is not None and ev.concurrent.p50_ms:
+        p50_at[f"c={ev.concurrent.concurrency}"] = ev.concurrent.p50_ms
+    cap_savings(out.findings, ev.p50_ms, p50_at)
     return out
 
 
@@ -69,27 +73,52 @@ SAVING_RANKED = {
 }
 
 
-def cap_savings(findings: list[Finding], p50_ms: float) -> None:
+def cap_savings(findings: list[Finding], p50_ms: float, p50_at: dict[str, float] | None = None) -> None:
     """Savings that every request would see overlap (the same milliseconds can be claimed by
-    two causes), so together they may not exceed the request's own p50: when they would,
-    each is scaled by the same factor and says so, and those ranked by their saving are
-    ranked again on the scaled figure."""
-    from .causes import severity
+    two causes), so together they may not exceed the request's own p50 at the load they are
+    stated at (``p50_at``: "c=1" -> the p50 of one caller, "c=8" -> of eight): when they
+    would, each is scaled by the same factor and says so, and those ranked by their saving
+    are ranked again on the scaled figure. Savings at different loads never add up."""
+    p50_at = {"c=1": p50_ms, **(p50_at or {})}
+    loads: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.saving_ms and f.saving_per == "request":
+            loads.setdefault(f.saving_load or "c=1", []).append(f)
+    for load, group in loads.items():
+        _cap(group, p50_at.get(load) or 0.0)
 
-    per_request = [f for f in findings if f.saving_ms and f.saving_per == "request"]
-    total = sum(f.saving_ms or 0.0 for f in per_request)
-    if not p50_ms or total <= p50_ms:
+
+def _cap(per_request: list[Finding], p50_ms: float) -> None:
+    """Measured savings keep their figure (they are what the fix did, alone); estimated ones
+    share what the measured ones leave of the request. Only measured savings that together
+    exceed the request are scaled among themselves."""
+    if not p50_ms:
         return
-    factor = p50_ms / total
-    for f in per_request:
+    measured = [f for f in per_request if f.saving_basis == "measured"]
+    estimated = [f for f in per_request if f.saving_basis != "measured"]
+    total_measured = sum(f.saving_ms or 0.0 for f in measured)
+    if len(measured) > 1 and total_measured > p50_ms:  # (one alone is what its own blocks saved)
+        _scale(measured, p50_ms, total_measured, p50_ms)
+        total_measured = p50_ms
+    left = max(p50_ms - total_measured, 0.0)
+    total = sum(f.saving_ms or 0.0 for f in estimated)
+    if total > left:
+        _scale(estimated, left, total, p50_ms)
+
+
+def _scale(group: list[Finding], budget: float, total: float, p50_ms: float) -> None:
+    factor = budget / total
+    for f in group:
         alone = f.saving_ms or 0.0
         f.saving_ms = round(alone * factor, 3)
         f.detail = (f.detail + " " if f.detail else "") + (
-            f"Alone it would save about {alone:g} ms; the per-request savings of all the findings add up to "
-            f"{total:.4g} ms, more than the {p50_ms:.4g} ms request (they overlap), so each is scaled by {factor:.2f}."
+            f"Alone it would save about {alone:g} ms; with the other findings' savings it would be more than the "
+            f"{p50_ms:.4g} ms request (they overlap), so it is scaled by {factor:.2f}."
         )
         if f.id in SAVING_RANKED:
             f.severity = severity(f.saving_ms, p50_ms)
+        if f.saving_low_ms is not None and f.saving_high_ms is not None:
+            f.saving_low_ms, f.saving_high_ms = round(f.saving_low_ms * factor, 3), round(f.saving_high_ms * factor, 3)
 
 
 def diagnose_report(report: Report) -> list[Finding]:

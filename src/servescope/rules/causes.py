@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
+from .savings import measured_or_estimated, severity
 
 #: Thresholds (docs/doctor.md).
 NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
-COLD_RATIO, COLD_EXTRA_MS = 3.0, 50.0
+#: A first request is slow when it is this many times the warm p50, this much slower, and
+#: this many times the slowest warm request (it clears their tail: not noise).
+COLD_RATIO, COLD_EXTRA_MS, COLD_OVER_TAIL = 3.0, 50.0, 1.5
+#: The stages a warm-up at start-up (load, then one example through the handler) makes warm:
+#: not the framework's own first-request work, nor the network.
+WARMED_STAGES = ("load", "preprocess", "to_device", "infer", "to_host", "postprocess")
 LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
 GIL_MIN_REQUEST_MS = 5.0
@@ -23,20 +29,6 @@ FAILING_HIGH = 0.1
 REPEATED_SHARE = 0.01
 PADDING_SHARE = 0.5
 MODEL_CALLS = ("torch module hooks", "onnxruntime", "scikit-learn", "sentence-transformers", "transformers.pipeline")
-
-
-def severity(saving_ms: float, p50_ms: float) -> str:
-    """How bad, from the share of the request's p50 the fix would save."""
-    share = saving_ms / p50_ms if p50_ms > 0 else 0.0
-    if share >= 0.5:
-        return "critical"
-    if share >= 0.2:
-        return "high"
-    if share >= 0.05:
-        return "medium"
-    if share >= 0.01:
-        return "low"
-    return "info"
 
 
 def failing_requests(ev: Evidence) -> list[Finding]:
@@ -76,19 +68,23 @@ def model_load_per_request(ev: Evidence) -> list[Finding]:
     loads, built = warm.loads_per_request, warm.constructed_per_request
     if loads < 0.5 and not (built >= 1 and warm.params_built_per_request > 0):
         return []  # (modules without weights, nn.Softmax() per request, are not a model)
-    saving = warm.load_ms_per_request + warm.construct_ms_per_request
+    timed = warm.load_ms_per_request + warm.construct_ms_per_request
     what = ", ".join(warm.load_calls) or "nn.Module construction"
+    saving = measured_or_estimated(
+        ev, "memoise-loaders", estimate_ms=round(timed, 3),
+        estimated_from="the load calls' and the construction's own time (a fresh model's slower first forward is not in it)",
+    )  # fmt: skip
     return [
         Finding(
             "model-load-per-request",
-            severity(saving, ev.p50_ms),
+            saving.severity(),
             "The model is loaded again on every request",
             {
                 "loads_per_request": loads,
                 "modules_built_per_request": built,
                 "weights_built_per_request": int(warm.params_built_per_request),
                 "load_calls": what,
-                "load_ms_per_request": round(saving, 3),
+                "load_ms_per_request": round(timed, 3),
                 "p50_ms": ev.p50_ms,
             },
             fix=(
@@ -100,9 +96,24 @@ def model_load_per_request(ev: Evidence) -> list[Finding]:
                 "    with torch.inference_mode():\n"
                 "        return model(prepare(payload))"
             ),
-            saving_ms=round(saving, 3),
+            saving_ms=saving.ms,
+            detail=saving.detail,
+            **saving.fields(),
         )
     ]
+
+
+def first_request_slow(first_ms: float, p50_ms: float, warm_max_ms: float | None) -> bool:
+    return first_ms >= COLD_RATIO * p50_ms and first_ms - p50_ms >= COLD_EXTRA_MS and first_ms >= COLD_OVER_TAIL * (warm_max_ms or 0.0)
+
+
+def _warmed_ms(ev: Evidence) -> float | None:
+    """What a warm-up at start-up would take off the first request: its own time in the
+    stages the warm-up runs (loading, the model, the handler's work), beyond a warm request's."""
+    stages = ev.cold.stage_ms if ev.cold is not None else {}
+    if not stages:
+        return None
+    return sum(max(stages.get(s, 0.0) - ((ev.stages.get(s) or {}).get("mean_ms") or 0.0), 0.0) for s in WARMED_STAGES)
 
 
 def cold_start(ev: Evidence) -> list[Finding]:
@@ -111,28 +122,51 @@ def cold_start(ev: Evidence) -> list[Finding]:
     if cold.error or not p50:
         return []
     lazy = (cold.loads > 0 or cold.params_built > 0) and (warm.loads_per_request < 0.5 and warm.params_built_per_request == 0)
-    slow = cold.latency_ms >= COLD_RATIO * p50 and cold.latency_ms - p50 >= COLD_EXTRA_MS
+    slow = first_request_slow(cold.latency_ms, p50, warm.max_ms)
     if not (lazy or slow):
         return []
     extra = max(cold.latency_ms - p50, 0.0)
-    if cold.latency_ms >= 10 * p50 and extra >= 200:
+    again = ""
+    if not lazy:
+        # one slow sample, no load to explain it: it must happen again in a fresh process
+        if cold.repeat_ms is None:
+            raise MissingEvidence(
+                f"the first request took {cold.latency_ms:.0f} ms ({cold.latency_ms / p50:.0f}x the p50) with no load to explain it, "
+                "and a second first request in a fresh process "
+                + (f"failed ({cold.repeat_error})" if cold.repeat_error else "was not sent (the doctor ran in-process)")
+                + ": one sample is not claimed as a cold start"
+            )
+        if not first_request_slow(cold.repeat_ms, cold.repeat_p50_ms or p50, None):
+            return []  # the fresh process's first request was not slow: the first sample was noise
+        extra = min(extra, max(cold.repeat_ms - (cold.repeat_p50_ms or p50), 0.0))
+        again = f" A second first request, in a fresh process, took {cold.repeat_ms:.0f} ms too."
+    warmed = _warmed_ms(ev)
+    saving, basis = extra, "the first request less the warm p50"
+    if warmed is not None and warmed > 0:
+        saving = min(warmed, extra) if not lazy else warmed
+        basis = "the first request's own time in loading, the model and the handler beyond a warm request's (what a warm-up at start-up runs)"
+    if cold.latency_ms >= 10 * p50 and saving >= 200:
         sev = "high"
-    elif slow:
+    elif slow or saving >= COLD_EXTRA_MS:
         sev = "medium"
     else:
-        sev = "low" if extra >= COLD_EXTRA_MS else "info"
+        sev = "low" if saving >= 0.1 * p50 else "info"
+    evidence = {
+        "first_ms": round(cold.latency_ms, 2),
+        "p50_ms": p50,
+        "ratio": round(cold.latency_ms / p50, 1),
+        "loaded_on_first_request": lazy,
+    }
+    if lazy:
+        evidence["first_request_load_calls"] = ", ".join(cold.load_calls) or "nn.Module construction"
+    if cold.repeat_ms is not None:
+        evidence["fresh_process_first_ms"] = cold.repeat_ms
     return [
         Finding(
             "cold-start",
             sev,
             "The first request " + ("loads the model" if lazy else "is far slower than the rest") + ": no warm-up",
-            {
-                "first_ms": round(cold.latency_ms, 2),
-                "p50_ms": p50,
-                "ratio": round(cold.latency_ms / p50, 1),
-                "loaded_on_first_request": lazy,
-                "first_request_load_calls": ", ".join(cold.load_calls) or "-",
-            },
+            evidence,
             fix=(
                 "# load and run one example at start-up, before the server reports ready\n"
                 "model = load_model()\n"
@@ -140,10 +174,14 @@ def cold_start(ev: Evidence) -> list[Finding]:
                 "    model(example_input)      # also each batch size you will use\n"
                 "# servescope.serve(Model(), example=...) does both before /ready"
             ),
-            saving_ms=round(extra, 2),
+            saving_ms=round(saving, 2),
             saving_per="first request",
+            saving_basis="estimated",
+            saving_load="first request",
             detail="Only the first request pays this; "
-            + ("the model is loaded lazily by it." if lazy else "first-call initialisation (allocation, tracing, kernels) runs in it."),
+            + ("the model is loaded lazily by it." if lazy else "first-call initialisation (allocation, tracing, kernels) runs in it.")
+            + again
+            + f" Estimated from {basis}.",
         )
     ]
 
@@ -205,51 +243,6 @@ def repeated_transfer(ev: Evidence) -> list[Finding]:
     ]
 
 
-def no_batching(ev: Evidence) -> list[Finding]:
-    conc = ev.need("concurrent")
-    ev.need_probes("torch module hooks")
-    fwd = conc.forwards
-    if fwd is None:
-        raise ev.missing_error("concurrent.forwards", "the model's calls are not visible from outside the process")
-    # most requests ran a forward of their own (a runtime that batches on a worker and runs
-    # only the odd lone request in the request's own context shows few forwards here)
-    own = fwd.count * 2 >= max(conc.requests, 1)
-    if conc.concurrency < 2 or not own or fwd.max_batch > 1:
-        return []
-    probe = ev.need("batch_probe")
-    if probe.error:
-        raise ev.missing_error("batch_probe", f"the batch probe failed: {probe.error}")
-    one = probe.per_item_ms.get("1")
-    if not probe.gain or probe.gain < NO_BATCHING_GAIN or one is None:
-        return []
-    # per forward, times the forwards each request runs (a decode loop runs many)
-    saving = one * (1 - 1 / probe.gain) * max(fwd.per_request, 1.0)
-    if saving < NO_BATCHING_FLOOR_MS:
-        return []  # a fraction of a millisecond per item: batching is not this endpoint's problem
-    return [
-        Finding(
-            "no-batching",
-            severity(saving, ev.p50_ms),
-            "Concurrent requests each run their own batch-of-one forward",
-            {
-                "concurrency": conc.concurrency,
-                "forward_batch_sizes": fwd.batch_sizes,
-                "per_item_ms_at_batch_1": one,
-                "forwards_per_request": fwd.per_request,
-                "best_batch": probe.best_batch,
-                "per_item_gain": probe.gain,
-            },
-            fix=(
-                "# let concurrent requests share one forward\n"
-                "app = servescope.serve(MyModel(), max_batch_size=16)\n"
-                "# or batch yourself: collect requests for <= 2 ms, torch.stack them, one forward, split"
-            ),
-            saving_ms=round(saving, 3),
-            detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1.",
-        )
-    ]
-
-
 def training_mode(ev: Evidence) -> list[Finding]:
     ev.need_probes("torch module hooks")
     fwd = ev.need("warm").forwards
@@ -261,8 +254,9 @@ def training_mode(ev: Evidence) -> list[Finding]:
     changes = fwd.training_changes_output > 0
     # only dropout and batch-norm compute differently in training mode: without them the
     # flag costs nothing, whatever a timing ratio says
-    saving = max(forward * (1 - 1 / ratio), 0.0) if changes and ratio > 1 else 0.0
-    sev = "high" if changes else severity(saving, ev.p50_ms)
+    estimate = max(forward * (1 - 1 / ratio), 0.0) if changes and ratio > 1 else 0.0
+    saving = measured_or_estimated(ev, "eval-mode", estimate_ms=round(estimate, 3) or None, estimated_from="the batch probe (batch 1, train vs eval)")
+    sev = "high" if changes else saving.severity()
     return [
         Finding(
             "training-mode",
@@ -270,10 +264,14 @@ def training_mode(ev: Evidence) -> list[Finding]:
             "The model runs in training mode" + (": dropout/batch-norm change its answers" if changes else ""),
             {"forwards_in_training_mode": fwd.training, "changes_output": changes, "train_over_eval": ratio},
             fix="model.eval()   # once, after loading",
-            saving_ms=round(saving, 3) or None,
-            detail="In training mode dropout drops activations at random and batch-norm uses batch statistics: results vary from call to call."
-            if changes
-            else "No dropout or batch-norm here, so the answers are the same; eval() is still the mode to serve in.",
+            saving_ms=saving.ms or None,
+            detail=(
+                "In training mode dropout drops activations at random and batch-norm uses batch statistics: results vary from call to call."
+                if changes
+                else "No dropout or batch-norm here, so the answers are the same; eval() is still the mode to serve in."
+            )
+            + (" " + saving.detail if saving.detail else ""),
+            **(saving.fields() if saving.ms else {}),
         )
     ]
 
@@ -286,18 +284,21 @@ def grad_enabled(ev: Evidence) -> list[Finding]:
     probe = ev.batch_probe
     ratio = (probe.grad_ratio if probe else None) or 1.0
     forward = (probe.forward_ms if probe else None) or 0.0
-    saving = forward * (1 - 1 / ratio) if ratio > 1 else 0.0
-    sev = severity(saving, ev.p50_ms)
+    estimate = forward * (1 - 1 / ratio) if ratio > 1 else 0.0
+    saving = measured_or_estimated(ev, "inference-mode", estimate_ms=round(estimate, 3) or None, estimated_from="the batch probe (batch 1, autograd on vs off)")
+    sev = saving.severity()
     return [
         Finding(
             "grad-enabled",
             sev,
             "The forward runs with autograd on",
-            {"forwards_with_grad": fwd.grad, "grad_over_inference_mode": ratio},
+            {"forwards_with_grad": fwd.grad, "grad_over_inference_mode": ratio, "batch_sizes": fwd.batch_sizes},
             fix="with torch.inference_mode():\n    y = model(x)",
-            saving_ms=round(saving, 3) or None,
+            saving_ms=saving.ms or None,
             detail="Autograd records a graph and keeps activations alive for a backward pass that never comes."
-            + (" Here it costs nothing measurable, but it holds memory." if sev == "info" else ""),
+            + (" Here it costs nothing measurable, but it holds memory." if sev == "info" else "")
+            + (" " + saving.detail if saving.detail else ""),
+            **(saving.fields() if saving.ms else {}),
         )
     ]
 
@@ -371,135 +372,6 @@ def slow_stages(ev: Evidence) -> list[Finding]:
     return out
 
 
-def event_loop_blocked(ev: Evidence) -> list[Finding]:
-    conc = ev.need("concurrent")
-    if conc.forwards is None and conc.loop is None:
-        raise ev.missing_error("concurrent.loop", "the event loop is not visible from outside the process")
-    on_loop = conc.forwards.on_event_loop if conc.forwards else 0
-    loop = conc.loop
-    # the model ran on the loop for most requests under concurrency (a runtime that runs only
-    # a lone request there, when nothing else waits, blocks nobody) ...
-    model_on_loop = on_loop * 2 >= max(conc.requests, 1)
-    # ... or the loop's own thread was seen running code (not waiting for I/O or the GIL)
-    # for a large share of the phase, in long runs, and a task on it woke that late: a loop
-    # kept busy by many short callbacks (a fast endpoint under load) wakes its tasks on time
-    busy = (
-        loop is not None
-        and loop.busy_share >= LOOP_BUSY_SHARE
-        and loop.longest_busy_ms >= LOOP_BUSY_RUN_MS
-        and (conc.loop_lag_max_ms or 0.0) >= LOOP_BUSY_RUN_MS
-    )
-    if not (model_on_loop or busy):
-        return []
-    forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
-    busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
-    saving = min(max(forward if model_on_loop else 0.0, busy_per_request), ev.p50_ms or float("inf"))
-    evidence = {
-        "forwards_on_the_loop": on_loop,
-        "requests": conc.requests,
-        "loop_busy_share": loop.busy_share if loop else None,
-        "longest_busy_ms": loop.longest_busy_ms if loop else None,
-        "loop_blocked_max_ms": conc.loop_lag_max_ms,
-        "sequential_rps": conc.sequential_rps,
-        "concurrent_rps": conc.throughput_rps,
-    }
-    if loop and loop.hot_spot:
-        evidence["on_the_loop"] = loop.hot_spot
-    sev = severity(saving, ev.p50_ms)
-    if loop is not None and loop.longest_busy_ms >= LOOP_STALL_HIGH_MS and sev not in ("critical", "high"):
-        sev = "high"  # every other request on the loop waited that long
-    return [
-        Finding(
-            "event-loop-blocked",
-            sev,
-            "Heavy synchronous work runs on the event loop: concurrent requests queue behind it",
-            evidence,
-            fix=(
-                "# an `async def` endpoint runs on the loop: make it a plain `def` (FastAPI runs it in a\n"
-                "# thread pool), or hand the heavy call off:\n"
-                "@app.post('/predict')\n"
-                "async def predict(payload: Payload):\n"
-                "    return await asyncio.to_thread(run_model, payload)\n"
-                "# a big response is encoded on the loop even for `def` endpoints: return\n"
-                "# Response(orjson.dumps(...)) built inside the endpoint instead"
-            ),
-            saving_ms=round(saving, 3) or None,
-        )
-    ]
-
-
-def gil_contention(ev: Evidence) -> list[Finding]:
-    conc, env = ev.need("concurrent"), ev.need("environment")
-    if conc.cpu_cores_busy is None or conc.gil_wait_p50_ms is None:
-        raise ev.missing_error("concurrent.cpu", "CPU time and GIL waits are not visible from outside the process")
-    cpus = env.cpus_available or 1
-    width = min(conc.concurrency, int(cpus))
-    if width < 2 or not conc.throughput_rps or not conc.sequential_rps:
-        return []
-    if ev.p50_ms < GIL_MIN_REQUEST_MS:
-        # the doctor's own client (and, for an app, the server's HTTP work) share the process's
-        # GIL: on requests this short they are a large part of what holds it
-        raise MissingEvidence(
-            f"requests of {ev.p50_ms:.2g} ms are too short to tell the endpoint's hold on the GIL from the "
-            "doctor's own work in the same process (it is measured from 5 ms)"
-        )
-    scaling = conc.throughput_rps / conc.sequential_rps
-    on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
-    loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
-    if scaling >= GIL_SCALING * width or on_loop or loop_busy:
-        return []  # it scales, or the loop is the bottleneck (event-loop-blocked says so)
-    warm = ev.warm
-    if warm is not None and (warm.loads_per_request >= 0.5 or warm.params_built_per_request > 0):
-        return []  # the Python work is the per-request load: model-load-per-request's fix removes it
-    if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
-        return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
-    unused = width - conc.cpu_cores_busy
-    if conc.machine_cores_idle is not None and conc.machine_cores_idle < GIL_IDLE_SHARE * unused:
-        # the cores this process left unused were not idle: other processes ran on them, and a
-        # thread late for the GIL is as late when the OS has no CPU to give it
-        raise MissingEvidence(
-            f"the machine's CPUs were busy with other processes during the concurrent phase "
-            f"({conc.machine_cores_idle:.2f} cores idle while this process used {conc.cpu_cores_busy:.2f} of "
-            f"{width}), so threads waiting for the GIL cannot be told from threads waiting for a CPU"
-        )
-    # service time per request as served now, and if `width` callers could run at once
-    saving = 1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width)
-    if saving < GIL_FLOOR_MS or saving < GIL_SHARE * ev.p50_ms:
-        return []
-    evidence = {
-        "concurrency": conc.concurrency,
-        "sequential_rps": conc.sequential_rps,
-        "concurrent_rps": conc.throughput_rps,
-        "scaling": round(scaling, 2),
-        "cpu_cores_busy": conc.cpu_cores_busy,
-        "cpus_available": cpus,
-        "gil_wait_p50_ms": conc.gil_wait_p50_ms,
-        "machine_cores_idle": conc.machine_cores_idle,
-    }
-    if conc.worker_hot_spot:
-        evidence["hot_spot"] = conc.worker_hot_spot
-    return [
-        Finding(
-            "gil-contention",
-            severity(saving, ev.p50_ms),
-            "Pure-Python work holds the GIL: concurrent requests run one at a time",
-            evidence,
-            fix=(
-                "# the hot spot is Python code, so threads take turns on one core:\n"
-                "# vectorise it (numpy/torch ops release the GIL), or run it in processes:\n"
-                "pool = concurrent.futures.ProcessPoolExecutor()\n"
-                "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
-                "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
-            ),
-            saving_ms=round(saving, 3),
-            detail=f"{conc.concurrency} callers got {scaling:.2f}x the throughput of one while the process used "
-            f"{conc.cpu_cores_busy:.2f} of {cpus:g} CPUs, and a thread that only wanted the GIL waited "
-            f"{conc.gil_wait_p50_ms:.1f} ms for it (p50). The saving is server time per request if "
-            f"{width} requests could run at once.",
-        )
-    ]
-
-
 def thread_oversubscription(ev: Evidence) -> list[Finding]:
     env = ev.need("environment")
     cpus = env.cpus_available
@@ -533,10 +405,11 @@ def repeated_work(ev: Evidence) -> list[Finding]:
     r = ev.need("repeated")
     if r.calls_per_request < 1 or r.ms_per_request < REPEATED_SHARE * ev.p50_ms:
         return []
+    saving = measured_or_estimated(ev, "memoise-repeated", estimate_ms=round(r.ms_per_request, 3), estimated_from="the repeated calls' own time")
     return [
         Finding(
             "repeated-work",
-            severity(r.ms_per_request, ev.p50_ms),
+            saving.severity(),
             "The same model call on the same inputs runs on every request",
             {
                 "calls_per_request": r.calls_per_request,
@@ -552,9 +425,10 @@ def repeated_work(ev: Evidence) -> list[Finding]:
                 "    scores = CORPUS_EMBEDDINGS @ query.T\n"
                 "# or cache by input: functools.lru_cache on a function of hashable arguments"
             ),
-            saving_ms=round(r.ms_per_request, 3),
+            saving_ms=saving.ms,
             detail="Its inputs (shape, dtype and a sample of the values) were the same in every request, "
-            "including one sent with the payload's texts and numbers changed.",
+            "including one sent with the payload's texts and numbers changed. " + saving.detail,
+            **saving.fields(),
         )
     ]
 
@@ -564,11 +438,14 @@ def padding_waste(ev: Evidence) -> list[Finding]:
     fwd = ev.need("warm").forwards
     if fwd.pad_share is None or fwd.pad_share < PADDING_SHARE:
         return []
-    saving = fwd.padding_ms_per_request or 0.0
+    saving = measured_or_estimated(
+        ev, "trim-padding", estimate_ms=round(fwd.padding_ms_per_request or 0.0, 3),
+        estimated_from="each masked call's time x its padding share (cost taken as linear in the length)",
+    )  # fmt: skip
     return [
         Finding(
             "padding-waste",
-            severity(saving, ev.p50_ms),
+            saving.severity(),
             f"{fwd.pad_share * 100:.0f}% of the model's input is padding",
             {"pad_share": fwd.pad_share, "padding_ms_per_request": fwd.padding_ms_per_request},
             fix=(
@@ -576,8 +453,8 @@ def padding_waste(ev: Evidence) -> list[Finding]:
                 "inputs = tokenizer(texts, padding=True, truncation=True, max_length=512, return_tensors='pt')\n"
                 "# (padding='max_length' pads every short text to max_length tokens)"
             ),
-            saving_ms=round(saving, 3),
-            detail="The attention mask is mostly zeros: the model computes over padding tokens and throws the result away. "
-            "The saving assumes the cost is linear in the length (attention grows faster).",
+            saving_ms=saving.ms,
+            detail="The attention mask is mostly zeros: the model computes over padding tokens and throws the result away. " + saving.detail,
+            **saving.fields(),
         )
     ]

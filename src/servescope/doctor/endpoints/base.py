@@ -23,6 +23,9 @@ class Observation:
     error: str | None = None
     trace: Trace | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: what the endpoint answered (a handler's return value, an app's response body), kept so
+    #: that an experiment can check a fix changes no answer; None once it is not needed
+    answer: Any = None
 
 
 class Endpoint(Protocol):

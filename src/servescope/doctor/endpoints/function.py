@@ -92,6 +92,9 @@ class FunctionEndpoint:
         self._pool = _DaemonPool(32)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        #: run an ``async def`` handler on a worker thread with a loop of its own, not on the
+        #: shared loop (the off-the-loop experiment: what a plain ``def`` handler would do)
+        self.off_loop = False
         self.lag_ms: list[float] = []
 
     @property
@@ -134,7 +137,7 @@ class FunctionEndpoint:
         ev = new_evidence()
         tr = Trace()
         t0 = time.perf_counter_ns()
-        if self.is_async:
+        if self.is_async and not self.off_loop:
             assert self._loop is not None
 
             async def run() -> Any:
@@ -147,23 +150,24 @@ class FunctionEndpoint:
 
             fut: Any = asyncio.run_coroutine_threadsafe(run(), self._loop)
         else:
+            fn = self.fn
 
             def run_sync() -> Any:
                 set_evidence(ev)
                 with tr:
-                    return self.fn(payload)
+                    return asyncio.run(fn(payload)) if self.is_async else fn(payload)
 
             fut = self._pool.submit(lambda: contextvars.copy_context().run(run_sync))
-        err = None
+        err, answer = None, None
         try:
-            fut.result(timeout_s)
+            answer = fut.result(timeout_s)
         except (FutureTimeout, TimeoutError):
             fut.cancel()
             err = f"timeout: no answer within {timeout_s:.3g} s"
         except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from the handler
             err = describe_failure(exc)
         latency = (time.perf_counter_ns() - t0) / 1e6
-        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev)
+        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev, answer)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float

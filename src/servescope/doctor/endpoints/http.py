@@ -108,7 +108,7 @@ class _HTTPEndpoint:
         self._next_id += 1
         rid = str(self._next_id)
         t0 = time.perf_counter_ns()
-        status, err = None, None
+        status, err, data = None, None, None
         deadline = time.monotonic() + timeout_s
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
         try:
@@ -133,7 +133,7 @@ class _HTTPEndpoint:
             time.sleep(0.0005)
             found = self.collector.find(rid)
         tr, ev = found or (None, None)
-        return Observation(latency, status, err, tr, ev or {})
+        return Observation(latency, status, err, tr, ev or {}, data)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float

@@ -1,0 +1,199 @@
+"""#22's benchmark: the doctor's saving for each cause against what the fix really saves.
+
+    python bench/savings.py [--rounds 3] [--seconds 6] [--neighbour] [--only NAME,...] [--doctor-runs 1]
+
+Each case in bench/savings/ is an endpoint written the way people write them, with one
+mistake, and its fixed twin (`NAME_fixed.py`): the same endpoint with that mistake fixed and
+nothing else. For each case:
+- the doctor runs on the endpoint (`servescope doctor`, as a user would) and names the cause
+  with its saving, at the load it states;
+- both twins are served by uvicorn on loopback and loaded by `servescope bench` at that load,
+  back to back, `--rounds` times (before, after, before, after ...); the realized saving is
+  the median of the rounds' p50 differences (for a cold start: of the first requests, each in
+  a fresh server);
+- the ratio doctor / realized is printed (target 0.7-1.3).
+`--neighbour` keeps one core busy with another process for the whole run (a busy machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from _servers import free_port, stop_group  # bench/ is on the path: run as a script
+
+HERE = Path(__file__).resolve().parent
+CASES_DIR = HERE / "savings"
+
+
+@dataclass
+class Case:
+    name: str
+    cause: str
+    path: str
+    body: dict
+    concurrency: int = 1
+    cold: bool = False  # the saving is the first request's
+
+
+def cases() -> list[Case]:
+    sys.path.insert(0, str(CASES_DIR))
+    from _common import image_payload
+
+    text = {"text": "the parcel arrived two days late and the box was damaged"}
+    return [
+        Case("built_per_request", "model-load-per-request", "/predict", image_payload()),
+        Case("tokenizer_per_request", "model-load-per-request", "/embed", text),
+        Case("sklearn_per_request", "model-load-per-request", "/score", {"rows": [[0.1 * i + j for i in range(12)] for j in range(4)]}),
+        Case("cold_start", "cold-start", "/classify", text, cold=True),
+        Case("padding", "padding-waste", "/embed", {"texts": ["short text one", "another short text", "a third one here"]}),
+        Case("corpus_encode", "repeated-work", "/search", {"query": "which orders were late"}),
+        Case("grad_rows", "grad-enabled", "/score", {"rows": [[((i * 7 + j) % 13) / 13 for i in range(64)] for j in range(20)]}),
+        Case("async_forward", "event-loop-blocked", "/embed", text, concurrency=8),
+    ]
+
+
+def _env() -> dict[str, str]:
+    src = str(HERE.parent / "src")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(CASES_DIR), src]), "HF_HUB_OFFLINE": "1"}
+
+
+def serve(module: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", f"{module}:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    proc = subprocess.Popen(cmd, cwd=CASES_DIR, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # ready when it serves its OpenAPI page: no request reaches the model
+        if proc.poll() is not None:
+            raise RuntimeError(f"{module} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=5)
+            return proc, port
+        except OSError:
+            time.sleep(0.2)
+    stop_group(proc)
+    raise RuntimeError(f"{module} did not start")
+
+
+def first_request_ms(module: str, case: Case, body: Path) -> float:
+    proc, port = serve(module)
+    try:
+        data = body.read_bytes()
+        t0 = time.perf_counter()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{case.path}", data=data, headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=120).read()
+        return (time.perf_counter() - t0) * 1000
+    finally:
+        stop_group(proc)
+
+
+def bench_p50(module: str, case: Case, body: Path, seconds: float, tmp: Path) -> dict:
+    proc, port = serve(module)
+    try:
+        out = tmp / f"bench-{module}.json"
+        url = f"http://127.0.0.1:{port}{case.path}"
+        cmd = [sys.executable, "-m", "servescope", "bench", url, "--body", str(body), "-c", str(case.concurrency),
+               "-d", f"{seconds:g}s", "--warmup", "2s", "--json", str(out)]  # fmt: skip
+        subprocess.run(cmd, capture_output=True, timeout=seconds + 120, env=_env(), check=False)
+        data = json.loads(out.read_text())
+        if not data["latency"].get("p50_ms"):
+            raise RuntimeError(f"{module}: no request succeeded: {data.get('errors')} {data['load'].get('first_error')}")
+        return {"p50": data["latency"]["p50_ms"], "rps": data["load"]["throughput_rps"]}
+    finally:
+        stop_group(proc)
+
+
+def realized(case: Case, body: Path, rounds: int, seconds: float, tmp: Path) -> dict:
+    before, after = [], []
+    for _ in range(rounds):
+        if case.cold:
+            before.append(first_request_ms(case.name, case, body))
+            after.append(first_request_ms(case.name + "_fixed", case, body))
+        else:
+            before.append(bench_p50(case.name, case, body, seconds, tmp)["p50"])
+            after.append(bench_p50(case.name + "_fixed", case, body, seconds, tmp)["p50"])
+    diffs = [b - a for b, a in zip(before, after)]
+    return {"before": statistics.median(before), "after": statistics.median(after), "saving": statistics.median(diffs), "diffs": diffs}
+
+
+def doctor(case: Case, body: Path, tmp: Path) -> dict:
+    out = tmp / f"doctor-{case.name}.json"
+    cmd = [sys.executable, "-m", "servescope", "doctor", str(CASES_DIR / f"{case.name}.py") + ":app", "--body", str(body),
+           "--path", case.path, "-c", str(max(case.concurrency, 8)), "--json", str(out)]  # fmt: skip
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp, check=False)
+    took = time.perf_counter() - t0
+    if not out.exists():
+        return {"error": (p.stdout + p.stderr)[-400:], "seconds": took}
+    report = json.loads(out.read_text())
+    found = {f["id"]: f for f in report["findings"]}
+    f = found.get(case.cause)
+    row = {"seconds": took, "found": sorted(found), "not_checked": report.get("diagnosis", {}).get("not_checked", {})}
+    if f is not None:
+        row.update(saving=f.get("saving_ms"), severity=f["severity"], basis=f.get("saving_basis", "estimated"), at=f.get("saving_load", ""))
+    return row
+
+
+def burn(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+    x = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            x += 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--neighbour", action="store_true", help="keep one core busy with another process for the whole run")
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--doctor-runs", type=int, default=1, help="doctor runs per case (are the findings the same each time?)")
+    ap.add_argument("--skip-realized", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(CASES_DIR))
+    from _common import ensure_weights
+
+    ensure_weights()
+    tmp = Path(tempfile.mkdtemp(prefix="servescope-savings-"))
+    stop = multiprocessing.Event()
+    hog = multiprocessing.Process(target=burn, args=(stop,), daemon=True) if args.neighbour else None
+    if hog is not None:
+        hog.start()
+    chosen = [c for c in cases() if not args.only or c.name in args.only.split(",")]
+    rows = []
+    try:
+        for case in chosen:
+            body = tmp / f"{case.name}.json"
+            body.write_text(json.dumps(case.body))
+            runs = [doctor(case, body, tmp) for _ in range(args.doctor_runs)]
+            real = None if args.skip_realized else realized(case, body, args.rounds, args.seconds, tmp)
+            rows.append((case, runs, real))
+            print(json.dumps({"case": case.name, "doctor": runs, "realized": real}), flush=True)
+    finally:
+        stop.set()
+        if hog is not None:
+            hog.join(5)
+    print()
+    print(f"{'case':<24} {'cause':<24} {'load':>5} {'doctor ms':>10} {'basis':>9} {'realized ms':>12} {'ratio':>6} {'same in runs':>13} {'doctor s':>9}")
+    for case, runs, real in rows:
+        d = runs[0]
+        load = "first" if case.cold else f"c={case.concurrency}"
+        said = d.get("saving")
+        ratio = f"{said / real['saving']:.2f}" if said and real and real["saving"] > 0 else "-"
+        same = sum(1 for r in runs if r.get("found") == runs[0].get("found"))
+        print(f"{case.name:<24} {case.cause:<24} {load:>5} {said if said is not None else 'absent':>10} {d.get('basis', '-'):>9} "
+              f"{(real['saving'] if real else float('nan')):>12.2f} {ratio:>6} {f'{same}/{len(runs)}':>13} {max(r['seconds'] for r in runs):>9.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Concurrent requests sharing one model call: what a dynamic batcher (``servescope.serve``,
+or a batcher of your own) would do, tried on the endpoint as written, at the concurrency
+the doctor ran.
+
+While applied, the method the requests call for their model work (a module's ``forward``,
+``encode``, ``InferenceSession.run``, ``predict_proba``) is wrapped on its instance: a call
+that finds the model busy waits, and the next caller to get it runs every call waiting then
+as one, concatenated along the batch axis, and hands each caller its own rows. A lone call
+never waits. Calls whose inputs do not line up (other shapes, other options) run apart. The
+first merged call is checked against the same input run alone: a model whose rows depend on
+each other (or an output without a batch axis) is not batched, and the fix is not tried.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from ..evidence import Evidence, WhatIf
+from .answers import close, plain
+from .lab import Fix, Lab
+from .memo import Patches
+from .seen import Seen
+
+__all__ = ["batch_calls", "merge", "split"]
+
+MAX_BATCH = 16
+
+
+class _Mismatch(Exception):
+    """Inputs that cannot be stacked into one call."""
+
+
+def _kind(x: Any) -> str:
+    mod = type(x).__module__
+    if mod.startswith("torch") and hasattr(x, "shape") and hasattr(x, "device"):
+        return "tensor"
+    if mod.startswith("numpy") and hasattr(x, "shape") and getattr(x, "ndim", 0) > 0:
+        return "array"
+    if mod.startswith("pandas") and hasattr(x, "iloc"):
+        return "frame"
+    if isinstance(x, list) and x and all(isinstance(v, str) for v in x):
+        return "texts"
+    return ""
+
+
+def _rows(x: Any) -> int:
+    return len(x) if _kind(x) in ("texts", "frame") else int(x.shape[0])
+
+
+def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
+    """The items' inputs stacked along the first axis, and each item's row count (from its
+    first batched leaf). Raises ``_Mismatch`` when they do not line up."""
+    first = items[0]
+    kind = _kind(first)
+    if kind:
+        if any(_kind(x) != kind for x in items):
+            raise _Mismatch("mixed input types")
+        rows = [_rows(x) for x in items]
+        if kind == "texts":
+            return [t for x in items for t in x], rows
+        if kind == "frame":
+            import pandas as pd  # the frame's own library, already loaded
+
+            return pd.concat(items, ignore_index=True), rows
+        if any(x.shape[1:] != first.shape[1:] or x.dtype != first.dtype for x in items):
+            raise _Mismatch("different shapes")
+        if kind == "tensor":
+            import torch
+
+            if any(x.device != first.device for x in items):
+                raise _Mismatch("different devices")
+            return torch.cat(list(items), 0), rows
+        import numpy as np
+
+        return np.concatenate(items, 0), rows
+    if depth > 4:
+        raise _Mismatch("too deep")
+    if isinstance(first, dict):
+        if any(not isinstance(x, dict) or x.keys() != first.keys() for x in items):
+            raise _Mismatch("different keys")
+        out, rows = {}, None
+        for k in first:
+            out[k], r = merge([x[k] for x in items], depth + 1)
+            rows = rows or (r if any(r) else None)
+        try:
+            merged: Any = type(first)(out)
+        except Exception:
+            merged = out
+        return merged, rows or [0] * len(items)
+    if isinstance(first, (list, tuple)):
+        if any(type(x) is not type(first) or len(x) != len(first) for x in items):
+            raise _Mismatch("different lengths")
+        parts, rows = [], None
+        for i in range(len(first)):
+            p, r = merge([x[i] for x in items], depth + 1)
+            parts.append(p)
+            rows = rows or (r if any(r) else None)
+        return type(first)(parts), rows or [0] * len(items)
+    if any(not _equal(x, first) for x in items):
+        raise _Mismatch("different options")
+    return first, [0] * len(items)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:
+        return False
+
+
+def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
+    """Each caller's rows of a merged call's output (leaves without the batch axis: the same
+    object for every caller)."""
+    total = sum(rows)
+    kind = _kind(out)
+    if kind or (hasattr(out, "shape") and getattr(out, "ndim", 0) > 0):
+        if _rows(out) != total:
+            raise _Mismatch("the output has no batch axis")
+        bounds, at = [], 0
+        for r in rows:
+            bounds.append((at, at + r))
+            at += r
+        if kind == "frame":
+            return [out.iloc[a:b] for a, b in bounds]
+        return [out[a:b] for a, b in bounds]
+    if depth > 4:
+        return [out] * len(rows)
+    if isinstance(out, dict):
+        parts = {k: split(v, rows, depth + 1) for k, v in out.items()}
+        res = []
+        for i in range(len(rows)):
+            d = {k: v[i] for k, v in parts.items()}
+            try:
+                res.append(type(out)(**d) if hasattr(out, "to_tuple") else type(out)(d))
+            except Exception:
+                res.append(d)
+        return res
+    if isinstance(out, (list, tuple)):
+        cols = [split(v, rows, depth + 1) for v in out]
+        return [type(out)(c[i] for c in cols) if isinstance(out, tuple) else [c[i] for c in cols] for i in range(len(rows))]
+    return [out] * len(rows)
+
+
+class _Call:
+    __slots__ = ("args", "kwargs", "done", "result", "error")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class Batcher:
+    """Wraps one bound method: callers that arrive while a call runs are served together."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        self.call = call
+        self.pending: list[_Call] = []
+        self.queue_lock = threading.Lock()
+        self.run_lock = threading.Lock()
+        self.merged = 0  # calls that ran with more than one caller's rows
+        self.checked = False
+        self.broken = ""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        me = _Call(args, kwargs)
+        with self.queue_lock:
+            self.pending.append(me)
+        with self.run_lock:
+            if not me.done:
+                with self.queue_lock:
+                    batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
+                self._run(batch)
+        if me.error is not None:
+            raise me.error
+        return me.result
+
+    def _run(self, batch: list[_Call]) -> None:
+        if len(batch) > 1 and not self.broken:
+            try:
+                merged_args, rows = merge([c.args for c in batch])
+                merged_kwargs, krows = merge([c.kwargs for c in batch])
+                rows = rows if any(rows) else krows
+                if not any(rows):
+                    raise _Mismatch("no batch axis")
+                out = split(self.call(*merged_args, **merged_kwargs), rows)
+                if not self.checked:
+                    self._check(batch[0], out[0])
+                for c, o in zip(batch, out):
+                    c.result, c.done = o, True
+                self.merged += 1
+                return
+            except _Mismatch:
+                pass
+            except Exception as exc:  # the merged call failed: each caller runs alone, as written
+                self.broken = self.broken or f"{type(exc).__name__}: {exc}"[:200]
+        for c in batch:
+            if c.done:
+                continue
+            try:
+                c.result = self.call(*c.args, **c.kwargs)
+            except BaseException as exc:  # noqa: B036 - the caller's own failure, handed back to it
+                c.error = exc
+            c.done = True
+
+    def _check(self, first: _Call, rows: Any) -> None:
+        """The first merged call's rows for one caller against that caller's input alone."""
+        self.checked = True
+        ok, _ = close(plain(self.call(*first.args, **first.kwargs)), plain(rows))
+        if not ok:
+            self.broken = "a caller's rows of the batched call differ from its input run alone"
+            raise _Mismatch(self.broken)
+
+
+def batch_calls(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
+    conc = ev.concurrent
+    if conc is None or conc.forwards is None or conc.concurrency < 2 or conc.forwards.max_batch > 1:
+        return None
+    if conc.forwards.count * 2 < max(conc.requests, 1):
+        return None  # most requests ran no model call of their own: nothing to batch
+    words = f"concurrent requests' model calls run as one batch (up to {MAX_BATCH})"
+    if conc.forwards.on_event_loop * 2 >= max(conc.requests, 1):
+        return WhatIf(fix=words, concurrency=conc.concurrency, why_not="the model runs on the event loop, so concurrent requests never reach it at the same time: move it off the loop first")
+    targets = [(obj, method) for fp, (obj, method, _) in seen.owners.items() if fp not in seen.constant]
+    targets = list({id(o): (o, m) for o, m in targets}.values())
+    if not targets:
+        return WhatIf(fix=words, concurrency=conc.concurrency, why_not="the object the model calls went to was not kept (built per request)")
+    batchers: list[Batcher] = []
+
+    def apply() -> Callable[[], None]:
+        patches = Patches()
+        for obj, method in targets:
+            b = Batcher(getattr(obj, method))
+            batchers.append(b)
+            patches.set(obj, method, b)
+        return patches.undo
+
+    def merged() -> int:
+        broken = next((b.broken for b in batchers if b.broken), "")
+        if broken:
+            from .lab import Abandon
+
+            raise Abandon(f"the calls could not be batched: {broken}")
+        return sum(b.merged for b in batchers)
+
+    return lab.compare(
+        Fix("batching", words, apply, hits=merged, note="no two calls ever arrived together with inputs that line up"),
+        concurrency=conc.concurrency,
+    )

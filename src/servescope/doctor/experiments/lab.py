@@ -1,0 +1,216 @@
+"""The lab: one fix measured on the running endpoint against the endpoint as written.
+
+    lab = Lab(endpoint, body, timeout_s=30, budget_s=30)
+    what_if = lab.compare(Fix("memoise-loaders", "loaders answered from memory", apply), concurrency=1)
+
+Blocks of requests with the fix applied (B) alternate with blocks of the unchanged endpoint
+(A), in the order A B B A A B ..., with the same body, so the machine's drift (a neighbour
+starting, a CPU's clock) falls on both arms alike. Each pair of blocks gives one difference
+of their medians; the saving is the mean of those differences with its 95% interval (t).
+The fix is applied only for its own blocks: between them, and after, the endpoint runs
+exactly as written. A fix is abandoned, and reported as not tried with the reason, when a
+request fails with it, when its answers differ from the unchanged endpoint's (beyond float
+noise), or when it holds more memory than ``memory_bound_mb``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...environment import CpuReading
+from ..evidence import WhatIf
+from .answers import Answers
+
+__all__ = ["Abandon", "Fix", "Lab", "t95"]
+
+#: Two-sided 95% quantiles of Student's t by degrees of freedom (then 1.96).
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09}
+
+
+def t95(df: int) -> float:
+    if df <= 0:
+        return math.inf
+    known = [k for k in _T95 if k <= df]
+    return _T95[max(known)] if df <= 20 else 1.96
+
+
+class Abandon(Exception):
+    """The fix cannot be measured on this endpoint; the message says why."""
+
+
+@dataclass
+class Fix:
+    """One fix the doctor can apply for a block of requests and undo after.
+
+    ``apply()`` applies it and returns the undo; ``hits()`` says how often it took effect (a
+    memoised call answered from memory), ``release()`` frees what it kept across its blocks.
+    ``same_answers``: the fix must not change an answer (False for ``eval()``, whose point is
+    to change answers that dropout randomises)."""
+
+    name: str
+    words: str
+    apply: Callable[[], Callable[[], None]]
+    same_answers: bool = True
+    hits: Callable[[], int] | None = None
+    release: Callable[[], None] | None = None
+    note: str = ""
+
+
+def _rss_mb() -> float | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _available_mb() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Lab:
+    """Runs fixes against the unchanged endpoint, each within ``per_fix_s`` and all within
+    ``budget_s``. ``tick(phase)`` is called after every block (the parent hears progress)."""
+
+    MIN_PAIRS, MAX_PAIRS = 3, 8
+    #: A block lasts about this long (several fast requests, or one slow one).
+    BLOCK_S = 0.25
+    MAX_BLOCK = 6
+
+    def __init__(
+        self,
+        endpoint: Any,
+        body: bytes,
+        *,
+        timeout_s: float,
+        budget_s: float,
+        per_fix_s: float = 8.0,
+        memory_bound_mb: float | None = None,
+        tick: Callable[[str], None] = lambda phase: None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.endpoint, self.body, self.timeout_s = endpoint, body, timeout_s
+        self.per_fix_s, self.tick, self.clock = per_fix_s, tick, clock
+        self.deadline = clock() + budget_s
+        avail = _available_mb()
+        self.memory_bound_mb = memory_bound_mb if memory_bound_mb is not None else min(2048.0, 0.5 * avail) if avail else 2048.0
+
+    def left(self) -> float:
+        return self.deadline - self.clock()
+
+    # -- one fix -----------------------------------------------------------------------------
+    def compare(self, fix: Fix, *, concurrency: int = 1, requests: int | None = None) -> WhatIf:
+        """Measure ``fix`` at ``concurrency`` callers (``requests`` per block when > 1)."""
+        out = WhatIf(fix=fix.words, concurrency=concurrency, note=fix.note)
+        if self.left() < 1.0:
+            out.why_not = "the doctor's time for experiments ran out before this one"
+            return out
+        cpu = CpuReading()
+        try:
+            self._measure(fix, concurrency, requests, out)
+        except Abandon as exc:
+            out.tried, out.why_not = False, str(exc)
+            out.saving_ms = out.low_ms = out.high_ms = None
+        finally:
+            if fix.release is not None:
+                fix.release()
+        out.cores_idle, out.others_cores, out.cpu_pressure = cpu.since()
+        return out
+
+    def _measure(self, fix: Fix, c: int, requests: int | None, out: WhatIf) -> None:
+        answers = Answers(same=fix.same_answers)
+        # the endpoint as written first: its time, and the answer to compare the fix's against
+        lat, _ = self._block(None, 1, 1, answers)
+        n = 1 if c > 1 else max(1, min(self.MAX_BLOCK, round(self.BLOCK_S * 1000 / max(statistics.median(lat), 0.01))))
+        per_block = requests or max(2 * c, 8)
+        rss = _rss_mb()
+        self._block(fix, 1, 1, answers)  # primes the fix (fills its memos): not counted
+        base_rss = rss
+        stop = self.clock() + min(self.per_fix_s, self.left())
+        a_meds, b_meds, a_all, b_all, a_rps, b_rps = [], [], [], [], [], []
+        pairs = 0
+        while pairs < self.MAX_PAIRS and (pairs < self.MIN_PAIRS or self.clock() < stop):
+            if self.clock() > self.deadline + self.per_fix_s:
+                break  # far past the doctor's budget: stop with what was measured
+            order = (None, fix) if pairs % 2 == 0 else (fix, None)
+            for arm in order:
+                if c > 1:
+                    lat, rps = self._concurrent(arm, c, per_block)
+                else:
+                    lat, rps = self._block(arm, n, 1, answers)
+                (b_meds if arm else a_meds).append(statistics.median(lat))
+                (b_all if arm else a_all).extend(lat)
+                if rps is not None:
+                    (b_rps if arm else a_rps).append(rps)
+                now = _rss_mb()
+                if arm is None:
+                    base_rss = now if now is not None else base_rss
+                elif now is not None and base_rss is not None:
+                    out.extra_mb = max(out.extra_mb or 0.0, round(now - base_rss, 1))
+                    if now - base_rss > self.memory_bound_mb:
+                        raise Abandon(
+                            f"with the fix the process held {now - base_rss:.0f} MB more than without it, over the "
+                            f"{self.memory_bound_mb:.0f} MB the doctor allows an experiment"
+                        )
+                self.tick(f"trying a fix: {fix.words}")
+            pairs += 1
+        diffs = [a - b for a, b in zip(a_meds, b_meds)]
+        mean = statistics.mean(diffs)
+        half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
+        out.tried = True
+        out.pairs, out.requests = pairs, len(b_all)
+        out.base_p50_ms, out.fixed_p50_ms = round(statistics.median(a_all), 3), round(statistics.median(b_all), 3)
+        out.saving_ms = round(mean, 3)
+        out.low_ms, out.high_ms = (round(mean - half, 3), round(mean + half, 3)) if math.isfinite(half) else (None, None)
+        if a_rps and b_rps:
+            out.base_rps, out.fixed_rps = round(statistics.median(a_rps), 2), round(statistics.median(b_rps), 2)
+        out.answers = answers.verdict()
+        if fix.hits is not None:
+            out.hits = fix.hits()
+            if out.hits == 0:
+                raise Abandon("the fix never took effect: " + (fix.note or "no call it changes was made"))
+
+    def _block(self, fix: Fix | None, n: int, c: int, answers: Answers) -> tuple[list[float], None]:
+        undo = fix.apply() if fix is not None else None
+        try:
+            lat = []
+            for _ in range(n):
+                o = self.endpoint.request(self.body, self.timeout_s)
+                if o.error:
+                    raise Abandon(
+                        (f"a request failed with the fix applied ({o.error})" if fix else f"the unchanged endpoint failed during the experiment ({o.error})")[:300]
+                    )
+                answers.add(o.answer, fixed=fix is not None)
+                o.answer = None
+                lat.append(o.latency_ms)
+            return lat, None
+        finally:
+            if undo is not None:
+                undo()
+
+    def _concurrent(self, fix: Fix | None, c: int, n: int) -> tuple[list[float], float | None]:
+        undo = fix.apply() if fix is not None else None
+        try:
+            obs, elapsed = self.endpoint.concurrent(self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0))
+        finally:
+            if undo is not None:
+                undo()
+        bad = [o.error for o in obs if o.error]
+        if bad:
+            who = "with the fix applied" if fix else "of the unchanged endpoint, during the experiment"
+            raise Abandon(f"{len(bad)} of {len(obs)} concurrent requests {who} failed ({bad[0]})"[:300])
+        if not obs:
+            raise Abandon("no concurrent request finished within the experiment's time")
+        return [o.latency_ms for o in obs], (len(obs) / elapsed if elapsed > 0 else None)

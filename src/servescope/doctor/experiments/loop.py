@@ -1,0 +1,88 @@
+"""The handler moved off the event loop: what a plain ``def`` endpoint (run on a worker
+thread) would do, tried on the endpoint as written, under concurrent callers."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any, Callable
+
+from ..evidence import Evidence, WhatIf
+from .lab import Fix, Lab
+from .memo import Patches
+from .seen import Seen
+
+__all__ = ["off_the_loop"]
+
+
+def off_the_loop(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
+    conc = ev.concurrent
+    if conc is None or conc.concurrency < 2:
+        return None
+    on_loop = conc.forwards is not None and conc.forwards.on_event_loop * 2 >= max(conc.requests, 1)
+    busy = conc.loop is not None and conc.loop.busy_share >= 0.3 and conc.loop.longest_busy_ms >= 20.0
+    if not (on_loop or busy):
+        return None
+    endpoint = lab.endpoint
+    apply, how = _applier(endpoint)
+    if apply is None:
+        return WhatIf(fix="the handler on a worker thread", concurrency=conc.concurrency, why_not=how)
+    return lab.compare(Fix("off-the-loop", how, apply), concurrency=conc.concurrency)
+
+
+def _applier(endpoint: Any) -> tuple[Callable[[], Callable[[], None]] | None, str]:
+    if getattr(endpoint, "kind", "") == "function":
+        if not getattr(endpoint, "is_async", False):
+            return None, "the handler is not `async def`"
+
+        def on_threads() -> Callable[[], None]:
+            endpoint.off_loop = True
+            return lambda: setattr(endpoint, "off_loop", False)
+
+        return on_threads, "the `async def` handler run on a worker thread, each call with an event loop of its own"
+    app = getattr(endpoint, "user_app", None)
+    if app is None or getattr(endpoint, "kind", "") != "asgi":
+        return None, "the app has no event loop of its own to move work off (WSGI)"
+    routing = sys.modules.get("fastapi.routing")
+    if routing is not None and type(app).__module__.startswith("fastapi"):
+        return _fastapi(routing), "the `async def` endpoint run on Starlette's thread pool (as a plain `def` endpoint is)"
+    return _starlette(app), "the `async def` endpoint run on a worker thread (the body read first, on the loop)"
+
+
+def _fastapi(routing: Any) -> Callable[[], Callable[[], None]]:
+    from starlette.concurrency import run_in_threadpool
+
+    original = routing.run_endpoint_function
+
+    async def off_loop(*, dependant: Any, values: dict[str, Any], is_coroutine: bool) -> Any:
+        if is_coroutine:
+            return await run_in_threadpool(lambda: asyncio.run(dependant.call(**values)))
+        return await original(dependant=dependant, values=values, is_coroutine=is_coroutine)
+
+    def apply() -> Callable[[], None]:
+        patches = Patches()
+        patches.set(routing, "run_endpoint_function", off_loop)
+        return patches.undo
+
+    return apply
+
+
+def _starlette(app: Any) -> Callable[[], Callable[[], None]]:
+    from starlette.concurrency import run_in_threadpool
+    from starlette.routing import Route, request_response
+
+    def offloaded(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(request: Any) -> Any:
+            await request.body()  # read on the server's loop: the handler's own reads find it there
+            return await run_in_threadpool(lambda: asyncio.run(endpoint(request)))
+
+        return run
+
+    def apply() -> Callable[[], None]:
+        patches = Patches()
+        for route in getattr(app, "routes", []) or []:
+            if isinstance(route, Route) and asyncio.iscoroutinefunction(route.endpoint):
+                patches.set(route, "app", request_response(offloaded(route.endpoint)))
+        return patches.undo
+
+    return apply

@@ -1,0 +1,243 @@
+"""The causes whose lever is concurrency (no-batching, event-loop-blocked, gil-contention):
+their savings are stated at the concurrency the doctor ran, where they hold (queueing
+removed, throughput gained), never as a per-request figure at one caller."""
+
+from __future__ import annotations
+
+from ..doctor.evidence import Evidence, MissingEvidence
+from ..report import Finding
+from .causes import (
+    GIL_CORES,
+    GIL_FLOOR_MS,
+    GIL_IDLE_SHARE,
+    GIL_MIN_REQUEST_MS,
+    GIL_SCALING,
+    GIL_SHARE,
+    GIL_WAIT_MS,
+    LOOP_BUSY_RUN_MS,
+    LOOP_BUSY_SHARE,
+    LOOP_STALL_HIGH_MS,
+    NO_BATCHING_FLOOR_MS,
+    NO_BATCHING_GAIN,
+)
+from .savings import measured_or_estimated, severity
+
+__all__ = ["event_loop_blocked", "gil_contention", "no_batching"]
+
+
+def _per_item_at(per_item: dict[str, float], n: int) -> tuple[int, float] | None:
+    """The batch probe's per-item time at the largest size it ran that is <= n."""
+    sizes = sorted(int(k) for k in per_item if int(k) <= n)
+    return (sizes[-1], per_item[str(sizes[-1])]) if sizes else None
+
+
+def no_batching(ev: Evidence) -> list[Finding]:
+    conc = ev.need("concurrent")
+    ev.need_probes("torch module hooks")
+    fwd = conc.forwards
+    if fwd is None:
+        raise ev.missing_error("concurrent.forwards", "the model's calls are not visible from outside the process")
+    # most requests ran a forward of their own (a runtime that batches on a worker and runs
+    # only the odd lone request in the request's own context shows few forwards here)
+    own = fwd.count * 2 >= max(conc.requests, 1)
+    if conc.concurrency < 2 or not own or fwd.max_batch > 1:
+        return []
+    probe = ev.need("batch_probe")
+    if probe.error:
+        raise ev.missing_error("batch_probe", f"the batch probe failed: {probe.error}")
+    one = probe.per_item_ms.get("1")
+    if not probe.gain or probe.gain < NO_BATCHING_GAIN or one is None:
+        return []
+    # per forward, times the forwards each request runs (a decode loop runs many)
+    per_forward = one * (1 - 1 / probe.gain) * max(fwd.per_request, 1.0)
+    if per_forward < NO_BATCHING_FLOOR_MS:
+        return []  # a fraction of a millisecond per item: batching is not this endpoint's problem
+    n = conc.concurrency
+    at = _per_item_at(probe.per_item_ms, n)
+    estimate, basis = None, ""
+    if at is not None and conc.p50_ms:
+        # with the N callers' items in one forward, each request waits about one batched
+        # forward (N x its per-item time) plus its own work outside the model
+        size, per_item = at
+        model_now = one * max(fwd.per_request, 1.0)
+        outside = max((ev.p50_ms or 0.0) - model_now, 0.0)
+        after = n * per_item * max(fwd.per_request, 1.0) + outside
+        estimate = round(max(conc.p50_ms - after, 0.0), 3)
+        basis = (
+            f"the batch probe: {n} callers' items in one forward of {size} would take about {n * per_item:.3g} ms "
+            f"({per_item:.3g} ms per item, against {one:.3g} ms alone), so each request would wait about {after:.3g} ms "
+            f"instead of the {conc.p50_ms:.3g} ms p50 measured at c={n}"
+        )
+    saving = measured_or_estimated(ev, "batching", estimate_ms=estimate, estimated_from=basis, load=f"c={n}", p50_ms=conc.p50_ms)
+    return [
+        Finding(
+            "no-batching",
+            saving.severity() if saving.ms else "low",
+            "Concurrent requests each run their own batch-of-one forward",
+            {
+                "concurrency": conc.concurrency,
+                "forward_batch_sizes": fwd.batch_sizes,
+                "per_item_ms_at_batch_1": one,
+                "forwards_per_request": fwd.per_request,
+                "best_batch": probe.best_batch,
+                "per_item_gain": probe.gain,
+            },
+            fix=(
+                "# let concurrent requests share one forward\n"
+                "app = servescope.serve(MyModel(), max_batch_size=16)\n"
+                "# or batch yourself: collect requests for <= 2 ms, torch.stack them, one forward, split"
+            ),
+            saving_ms=saving.ms or None,
+            detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1. "
+            + saving.detail,
+            **(saving.fields() if saving.ms else {}),
+        )
+    ]
+
+
+def event_loop_blocked(ev: Evidence) -> list[Finding]:
+    conc = ev.need("concurrent")
+    if conc.forwards is None and conc.loop is None:
+        raise ev.missing_error("concurrent.loop", "the event loop is not visible from outside the process")
+    on_loop = conc.forwards.on_event_loop if conc.forwards else 0
+    loop = conc.loop
+    # the model ran on the loop for most requests under concurrency (a runtime that runs only
+    # a lone request there, when nothing else waits, blocks nobody) ...
+    model_on_loop = on_loop * 2 >= max(conc.requests, 1)
+    # ... or the loop's own thread was seen running code (not waiting for I/O or the GIL)
+    # for a large share of the phase, in long runs, and a task on it woke that late: a loop
+    # kept busy by many short callbacks (a fast endpoint under load) wakes its tasks on time
+    busy = (
+        loop is not None
+        and loop.busy_share >= LOOP_BUSY_SHARE
+        and loop.longest_busy_ms >= LOOP_BUSY_RUN_MS
+        and (conc.loop_lag_max_ms or 0.0) >= LOOP_BUSY_RUN_MS
+    )
+    if not (model_on_loop or busy):
+        return []
+    forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
+    busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
+    estimate = min(max(forward if model_on_loop else 0.0, busy_per_request), conc.p50_ms or ev.p50_ms or float("inf"))
+    saving = measured_or_estimated(
+        ev, "off-the-loop", estimate_ms=round(estimate, 3) or None, load=f"c={conc.concurrency}", p50_ms=conc.p50_ms,
+        estimated_from="the time the loop's thread ran the handler's code per request (the wait it puts on the others)",
+    )  # fmt: skip
+    evidence = {
+        "forwards_on_the_loop": on_loop,
+        "requests": conc.requests,
+        "loop_busy_share": loop.busy_share if loop else None,
+        "longest_busy_ms": loop.longest_busy_ms if loop else None,
+        "loop_blocked_max_ms": conc.loop_lag_max_ms,
+        "sequential_rps": conc.sequential_rps,
+        "concurrent_rps": conc.throughput_rps,
+    }
+    if loop and loop.hot_spot:
+        evidence["on_the_loop"] = loop.hot_spot
+    sev = saving.severity() if saving.ms else "info"
+    stall = ""
+    if loop is not None and loop.longest_busy_ms >= LOOP_STALL_HIGH_MS and sev in ("info", "low"):
+        # every other request on the loop (a health check, another route) waited that long
+        sev = "medium"
+        stall = (
+            f" Whatever it saves on this route, the loop ran {loop.longest_busy_ms:.0f} ms at a stretch: every other "
+            "request to this process (a health check, another route) waited that long."
+        )
+    return [
+        Finding(
+            "event-loop-blocked",
+            sev,
+            "Heavy synchronous work runs on the event loop: concurrent requests queue behind it",
+            evidence,
+            fix=(
+                "# an `async def` endpoint runs on the loop: make it a plain `def` (FastAPI runs it in a\n"
+                "# thread pool), or hand the heavy call off:\n"
+                "@app.post('/predict')\n"
+                "async def predict(payload: Payload):\n"
+                "    return await asyncio.to_thread(run_model, payload)\n"
+                "# a big response is encoded on the loop even for `def` endpoints: return\n"
+                "# Response(orjson.dumps(...)) built inside the endpoint instead"
+            ),
+            saving_ms=saving.ms or None,
+            detail=(saving.detail + stall).strip(),
+            **(saving.fields() if saving.ms else {}),
+        )
+    ]
+
+
+def gil_contention(ev: Evidence) -> list[Finding]:
+    conc, env = ev.need("concurrent"), ev.need("environment")
+    if conc.cpu_cores_busy is None or conc.gil_wait_p50_ms is None:
+        raise ev.missing_error("concurrent.cpu", "CPU time and GIL waits are not visible from outside the process")
+    cpus = env.cpus_available or 1
+    width = min(conc.concurrency, int(cpus))
+    if width < 2 or not conc.throughput_rps or not conc.sequential_rps:
+        return []
+    if ev.p50_ms < GIL_MIN_REQUEST_MS:
+        # the doctor's own client (and, for an app, the server's HTTP work) share the process's
+        # GIL: on requests this short they are a large part of what holds it
+        raise MissingEvidence(
+            f"requests of {ev.p50_ms:.2g} ms are too short to tell the endpoint's hold on the GIL from the "
+            "doctor's own work in the same process (it is measured from 5 ms)"
+        )
+    scaling = conc.throughput_rps / conc.sequential_rps
+    on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
+    loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
+    if scaling >= GIL_SCALING * width or on_loop or loop_busy:
+        return []  # it scales, or the loop is the bottleneck (event-loop-blocked says so)
+    warm = ev.warm
+    if warm is not None and (warm.loads_per_request >= 0.5 or warm.params_built_per_request > 0):
+        return []  # the Python work is the per-request load: model-load-per-request's fix removes it
+    if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
+        return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
+    unused = width - conc.cpu_cores_busy
+    if conc.machine_cores_idle is not None and conc.machine_cores_idle < GIL_IDLE_SHARE * unused:
+        # the cores this process left unused were not idle: other processes ran on them, and a
+        # thread late for the GIL is as late when the OS has no CPU to give it
+        raise MissingEvidence(
+            f"the machine's CPUs were busy with other processes during the concurrent phase "
+            f"({conc.machine_cores_idle:.2f} cores idle while this process used {conc.cpu_cores_busy:.2f} of "
+            f"{width}), so threads waiting for the GIL cannot be told from threads waiting for a CPU"
+        )
+    # service time per request as served now, and if `width` callers could run at once
+    service = 1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width)
+    if service < GIL_FLOOR_MS or service < GIL_SHARE * ev.p50_ms:
+        return []
+    saving = measured_or_estimated(
+        ev, "processes", estimate_ms=round(service, 3), load=f"c={conc.concurrency}", p50_ms=1000 / conc.throughput_rps,
+        estimated_from=f"the server time per request now ({1000 / conc.throughput_rps:.3g} ms) against {width} requests at once",
+    )  # fmt: skip
+    evidence = {
+        "concurrency": conc.concurrency,
+        "sequential_rps": conc.sequential_rps,
+        "concurrent_rps": conc.throughput_rps,
+        "scaling": round(scaling, 2),
+        "cpu_cores_busy": conc.cpu_cores_busy,
+        "cpus_available": cpus,
+        "gil_wait_p50_ms": conc.gil_wait_p50_ms,
+        "machine_cores_idle": conc.machine_cores_idle,
+    }
+    if conc.worker_hot_spot:
+        evidence["hot_spot"] = conc.worker_hot_spot
+    return [
+        Finding(
+            "gil-contention",
+            saving.severity(),
+            "Pure-Python work holds the GIL: concurrent requests run one at a time",
+            evidence,
+            fix=(
+                "# the hot spot is Python code, so threads take turns on one core:\n"
+                "# vectorise it (numpy/torch ops release the GIL), or run it in processes:\n"
+                "pool = concurrent.futures.ProcessPoolExecutor()\n"
+                "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
+                "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
+            ),
+            saving_ms=saving.ms,
+            **saving.fields(),
+            detail=f"{conc.concurrency} callers got {scaling:.2f}x the throughput of one while the process used "
+            f"{conc.cpu_cores_busy:.2f} of {cpus:g} CPUs, and a thread that only wanted the GIL waited "
+            f"{conc.gil_wait_p50_ms:.1f} ms for it (p50). The saving is server time per request if "
+            f"{width} requests could run at once. " + saving.detail,
+        )
+    ]
+
+

@@ -1,0 +1,110 @@
+"""A finding's saving: measured by trying the fix on the endpoint when the doctor could
+(``Evidence.experiments``), estimated otherwise, and always at a stated load.
+
+    saving = measured_or_estimated(ev, "memoise-loaders", estimate_ms=12.0, estimated_from="the load calls' own time")
+    Finding(..., saving_ms=saving.ms, detail=saving.detail, **saving.fields())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..doctor.evidence import Evidence, WhatIf
+
+__all__ = ["BUSY_CORES", "Saving", "measured_or_estimated", "severity"]
+
+#: Other processes using this many cores or more make the machine busy (doctor/run.py).
+BUSY_CORES = 0.5
+
+
+def severity(saving_ms: float, p50_ms: float) -> str:
+    """How bad, from the share of the request's p50 the fix would save."""
+    share = saving_ms / p50_ms if p50_ms > 0 else 0.0
+    if share >= 0.5:
+        return "critical"
+    if share >= 0.2:
+        return "high"
+    if share >= 0.05:
+        return "medium"
+    if share >= 0.01:
+        return "low"
+    return "info"
+
+
+@dataclass
+class Saving:
+    ms: float | None
+    basis: str  # "measured" or "estimated"
+    load: str  # "c=1", "c=8", "first request"
+    detail: str
+    low_ms: float | None = None
+    high_ms: float | None = None
+    #: the p50 the saving is a share of (the unchanged endpoint's, at that load)
+    p50_ms: float = 0.0
+
+    def fields(self) -> dict[str, object]:
+        if self.ms is None:
+            return {}
+        return {"saving_basis": self.basis, "saving_low_ms": self.low_ms, "saving_high_ms": self.high_ms, "saving_load": self.load}
+
+    def severity(self) -> str:
+        """From the share of the p50 the fix saves; a measured saving from the low end of its
+        interval (a saving that may be zero is not one to bank on)."""
+        ms = self.ms or 0.0
+        if self.basis == "measured" and self.low_ms is not None:
+            ms = min(ms, max(self.low_ms, 0.0))
+        return severity(ms, self.p50_ms)
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def measured_or_estimated(
+    ev: Evidence,
+    experiment: str,
+    *,
+    estimate_ms: float | None,
+    estimated_from: str,
+    load: str = "c=1",
+    p50_ms: float | None = None,
+) -> Saving:
+    """The experiment's measured saving when it ran to the end; else the estimate, saying
+    from what it was made and why the fix was not tried."""
+    w = ev.tried(experiment)
+    if w is not None:
+        return _measured(w, experiment)
+    base = p50_ms if p50_ms is not None else ev.p50_ms
+    why = ""
+    failed = ev.experiments.get(experiment)
+    if failed is not None and failed.why_not:
+        why = f" The fix was not tried on the endpoint: {failed.why_not}."
+    text = f"Estimated from {estimated_from}, at {load}.{why}" if estimate_ms else why.strip()
+    return Saving(ms=estimate_ms, basis="estimated", load=load, detail=text, p50_ms=base or 0.0)
+
+
+def _measured(w: WhatIf, experiment: str) -> Saving:
+    load = f"c={w.concurrency}"
+    saving = max(w.saving_ms or 0.0, 0.0)
+    interval = f" (95% interval {_ms(w.low_ms)} to {_ms(w.high_ms)} ms)" if w.low_ms is not None and w.high_ms is not None else ""
+    rate = ""
+    if w.base_rps and w.fixed_rps:
+        rate = f"; throughput {w.base_rps:g} -> {w.fixed_rps:g} req/s ({w.fixed_rps / w.base_rps:.2f}x)"
+    gain = (
+        f"{_ms(w.saving_ms or 0.0)} ms per request{interval}"
+        if (w.saving_ms or 0.0) > 0
+        else f"no gain ({_ms(w.saving_ms or 0.0)} ms per request{interval}): the fix does not make this endpoint faster here"
+    )
+    busy = ""
+    if w.others_cores is not None and w.others_cores >= BUSY_CORES:
+        busy = (
+            f" Other processes kept {w.others_cores:.1f} cores busy meanwhile: both arms were slower than on a quiet machine, "
+            "and since their blocks alternated, the difference holds."
+        )
+    if w.low_ms is not None and w.low_ms <= 0 < (w.saving_ms or 0.0):
+        busy += " The interval includes zero: this saving cannot be told from none."
+    detail = (
+        f"Measured by trying the fix on this endpoint ({w.fix}): p50 {_ms(w.base_p50_ms or 0.0)} -> {_ms(w.fixed_p50_ms or 0.0)} ms "
+        f"at {load}{rate}; saving {gain}, from {w.pairs} pairs of request blocks; answers {w.answers or 'not compared'}.{busy}"
+    )
+    return Saving(ms=round(saving, 3), basis="measured", load=load, detail=detail, low_ms=w.low_ms, high_ms=w.high_ms, p50_ms=w.base_p50_ms or 0.0)
