@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_requests(parser, default=30, low=3, what="sequential warm requests (default 30, at least 3)")
     parser.add_argument("-c", "--concurrency", metavar="N", type=positive_int, default=8, help="requests in flight in the concurrent phase (default 8)")
     common.add_timeout(parser, default=30.0)
+    parser.add_argument(
+        "--experiments", metavar="DURATION", type=common.duration, default=30.0,
+        help="time for trying each fix the doctor can apply in-process on the endpoint before it names the saving "
+        "(default 30s; 0: none, every saving is then an estimate)",
+    )  # fmt: skip
     common.add_fail_on(parser)
     common.add_outputs(parser)
 
@@ -40,7 +45,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     payload = read_json(args.body, max_bytes=MAX_DOCTOR_BYTES, why="the doctor sends it dozens of times, concurrently")
     if (args.target is None) == (args.url is None):
         raise ConfigError("give a TARGET (path/to/file.py:name) or --url URL, not both")
-    options = DoctorOptions(path=args.path, requests=args.requests, concurrency=args.concurrency, timeout_s=args.timeout)
+    options = DoctorOptions(
+        path=args.path, requests=args.requests, concurrency=args.concurrency, timeout_s=args.timeout, experiment_seconds=args.experiments
+    )
     out = common.table_console(args, console)
     if args.url:
         from ..doctor import diagnose_url

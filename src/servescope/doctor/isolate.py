@@ -10,7 +10,8 @@ never hangs and never dies with it. Ctrl-C ends the run at once, children includ
 Deadlines: each phase of the run is bounded inside the child by ``--timeout`` (a budget,
 then the last request's whole timeout); the parent ends the child when it reports no
 progress for two ``--timeout`` plus a margin (``START_S`` while it imports and starts), and in
-any case after ``START_S`` + ``--timeout`` x ``PHASES`` + a margin.
+any case after ``START_S`` + ``--timeout`` x ``PHASES`` + a margin, plus the experiments'
+budget (``--experiments``) and the time a fresh process gets to repeat a slow first request.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def _terminate(signum: int, frame: Any) -> None:
 def _watch(proc: subprocess.Popen[bytes], fd: int, options: DoctorOptions, tick: Callable[[str, float], None]) -> dict[str, Any]:
     """Read the child's progress until it is done, dies or overstays; what it said last."""
     start_s = max(options.timeout_s, START_S)
-    hard_s = start_s + options.timeout_s * PHASES + MARGIN_S
+    # the experiments: their budget, the last block past it, and a fresh process for a slow first request
+    hard_s = start_s + options.timeout_s * PHASES + MARGIN_S + options.experiment_seconds + 2 * options.timeout_s + START_S
     hard = time.monotonic() + hard_s
     last_word = time.monotonic()
     state: dict[str, Any] = {}

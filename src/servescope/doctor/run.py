@@ -467,8 +467,14 @@ class _Run:
 
         if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
             return
-        self.tick("a second first request, in a fresh process", 0.0)
-        self.repeated_cold = self.repeat_cold()
+        done: list[tuple[float | None, float | None, str | None]] = []
+        repeat = self.repeat_cold
+        t = threading.Thread(target=lambda: done.append(repeat()), daemon=True, name="servescope-cold-again")
+        t.start()
+        while t.is_alive():  # (the parent hears from the run while the fresh process starts)
+            self.tick("a second first request, in a fresh process", 0.5)
+            t.join(1.0)
+        self.repeated_cold = done[0] if done else None
 
     def _experiments(self) -> None:
         """Try each fix the evidence calls for on the endpoint itself (doctor/experiments/),

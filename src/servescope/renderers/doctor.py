@@ -59,10 +59,28 @@ def _verdict(report: Report) -> list[Any]:
     return out
 
 
+def _machine(report: Report) -> list[Any]:
+    """A busy machine said before the findings: what it does to the figures."""
+    evidence = (report.diagnosis.evidence if report.diagnosis is not None else None) or {}
+    m = evidence.get("machine") or {}
+    if not isinstance(m, dict) or not m.get("busy"):
+        return []
+    spread = m.get("warm_p90_over_p50")
+    text = (
+        f"The machine was busy: {m.get('why_busy') or 'other processes used its CPUs'}"
+        + (f" (the warm requests' p90 was {spread:g}x their p50)" if isinstance(spread, (int, float)) else "")
+        + ". Every timing is slower and noisier than on a quiet machine. Savings measured by trying a fix alternate "
+        "blocks with and without it, so both saw the same machine; a slow first request is only claimed when a fresh "
+        "process repeats it."
+    )
+    return [Text(text, style="yellow")]
+
+
 def doctor_sections(report: Report) -> list[Any]:
     out = _verdict(report)
     if out:
         return out
+    out.extend(_machine(report))
     findings = report.findings_by_severity()
     if not findings:
         out.append(Text("No problems found.", style="bold green"))

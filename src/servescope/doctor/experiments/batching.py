@@ -13,6 +13,7 @@ each other (or an output without a batch axis) is not batched, and the fix is no
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable
 
@@ -60,8 +61,7 @@ def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
         if kind == "texts":
             return [t for x in items for t in x], rows
         if kind == "frame":
-            import pandas as pd  # the frame's own library, already loaded
-
+            pd = sys.modules["pandas"]  # the frame's own library: already loaded, never a dependency of ours
             return pd.concat(items, ignore_index=True), rows
         if any(x.shape[1:] != first.shape[1:] or x.dtype != first.dtype for x in items):
             raise _Mismatch("different shapes")

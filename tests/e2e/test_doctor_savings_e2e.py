@@ -1,0 +1,83 @@
+"""The doctor's savings on endpoints whose costs are known: it tries the fix and measures what
+the fix saves, in real time (sleeps, which a busy machine does not stretch by much)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import time
+
+import pytest
+
+from servescope.doctor import DoctorOptions, diagnose
+
+pytestmark = pytest.mark.e2e
+OPTIONS = DoctorOptions(requests=8, concurrency=4, concurrent_requests=16, timeout_s=10.0, experiment_seconds=20.0)
+
+
+class Weights:
+    """A model file whose loading takes 50 ms (unpickling sleeps)."""
+
+    def __init__(self) -> None:
+        self.w = [0.5, 0.25]
+
+    def __setstate__(self, state):
+        time.sleep(0.05)
+        self.__dict__.update(state)
+
+
+BLOB = pickle.dumps(Weights())
+
+
+def loads_per_request(payload):
+    model = pickle.load(io.BytesIO(BLOB))  # on every request
+    time.sleep(0.005)  # the rest of the request
+    return {"y": sum(w * x for w, x in zip(model.w, payload["x"]))}
+
+
+def test_a_loader_that_takes_50_ms_is_measured_at_50_ms():
+    rep = diagnose(loads_per_request, payload={"x": [1.0, 2.0]}, options=OPTIONS)
+    [f] = [f for f in rep.findings if f.id == "model-load-per-request"]
+    assert f.saving_basis == "measured" and f.saving_load == "c=1", f.detail
+    assert f.saving_ms == pytest.approx(50.0, abs=5.0), f.detail
+    assert 40.0 <= f.saving_low_ms <= f.saving_ms <= f.saving_high_ms <= 60.0 and f.severity == "critical"
+    what_if = rep.diagnosis.evidence["experiments"]["memoise-loaders"]
+    assert what_if["answers"] == "same" and what_if["hits"] >= 3
+
+
+def test_a_forward_that_costs_twice_with_autograd_is_measured_at_its_own_batch():
+    torch = pytest.importorskip("torch")
+
+    class Scorer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            time.sleep(0.02 * (2 if torch.is_grad_enabled() else 1))  # autograd doubles its cost
+            return self.lin(x)
+
+    model = Scorer().eval()
+
+    def score(payload):
+        x = torch.tensor(payload["rows"], dtype=torch.float32)
+        return {"s": model(x)[:, 0].detach().tolist()}
+
+    rep = diagnose(score, payload={"rows": [[0.1, 0.2, 0.3, 0.4]] * 20}, options=OPTIONS)
+    [f] = [f for f in rep.findings if f.id == "grad-enabled"]
+    assert f.saving_basis == "measured" and f.saving_ms == pytest.approx(20.0, abs=4.0), f.detail
+    assert f.evidence["batch_sizes"] == [20] and f.severity == "high"
+
+
+def test_a_fix_that_would_change_the_answers_is_not_tried_and_the_estimate_says_why():
+    def mutates(payload):
+        model = pickle.load(io.BytesIO(BLOB))
+        model.w.append(payload["x"][0])  # it changes the loaded object: loaded once, it would grow
+        return {"n": len(model.w)}
+
+    rep = diagnose(mutates, payload={"x": [1.0]}, options=OPTIONS)
+    [f] = [f for f in rep.findings if f.id == "model-load-per-request"]
+    what_if = rep.diagnosis.evidence["experiments"]["memoise-loaders"]
+    assert not what_if["tried"] and "answers changed" in what_if["why_not"]
+    assert f.saving_basis == "estimated" and "not tried on the endpoint: the answers changed" in f.detail
+    assert f.saving_ms == pytest.approx(50.0, abs=10.0)  # the loader's own time, which the probes timed

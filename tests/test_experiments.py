@@ -1,0 +1,305 @@
+"""The doctor's what-if experiments: a fix tried on the endpoint, A/B, before a saving is named.
+
+The lab is driven by a fake endpoint whose latency is whatever the fix makes it (no clock,
+no sleep); the fixes themselves on real objects (torch modules, loaders, a batcher)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+from servescope.doctor.endpoints import FunctionEndpoint, Observation
+from servescope.doctor.evidence import Concurrent, Evidence, Forwards, Warm
+from servescope.doctor.experiments import Fix, Lab, Seen
+from servescope.doctor.experiments.answers import Answers, close, plain
+from servescope.doctor.experiments.batching import Batcher, merge, split
+from servescope.doctor.experiments.memo import Memo, key_of
+
+
+class FakeEndpoint:
+    """Answers instantly; each request 'takes' ``base_ms`` less ``saving_ms`` while the fix is on."""
+
+    kind = "function"
+
+    def __init__(self, base_ms: float = 20.0, jitter: list[float] | None = None) -> None:
+        self.base_ms, self.fixed = base_ms, False
+        self.saving_ms = 0.0
+        self.jitter = jitter or [0.0]
+        self.n = 0
+        self.answer: object = {"y": [1.0, 2.0]}
+        self.fixed_answer: object | None = None
+        self.fail_fixed = ""
+
+    def request(self, body: bytes, timeout_s: float) -> Observation:
+        self.n += 1
+        drift = self.jitter[self.n % len(self.jitter)]
+        if self.fixed and self.fail_fixed:
+            return Observation(1.0, error=self.fail_fixed)
+        lat = self.base_ms + drift - (self.saving_ms if self.fixed else 0.0)
+        answer = self.fixed_answer if self.fixed and self.fixed_answer is not None else self.answer
+        return Observation(lat, answer=answer)
+
+    def concurrent(self, body, concurrency, requests, timeout_s, max_seconds):
+        return [self.request(body, timeout_s) for _ in range(requests)], requests * self.base_ms / 1000 / concurrency
+
+
+def toggle(ep: FakeEndpoint) -> Fix:
+    def apply():
+        ep.fixed = True
+        return lambda: setattr(ep, "fixed", False)
+
+    return Fix("demo", "the demo fix", apply)
+
+
+def lab(ep, **kw) -> Lab:
+    return Lab(ep, b"{}", timeout_s=1.0, budget_s=kw.pop("budget_s", 30.0), per_fix_s=kw.pop("per_fix_s", 0.0), **kw)
+
+
+def test_the_saving_is_the_paired_difference_with_its_interval():
+    ep = FakeEndpoint(base_ms=20.0, jitter=[0.0, 3.0, -2.0, 1.0])
+    ep.saving_ms = 8.0
+    w = lab(ep).compare(toggle(ep))
+    assert w.tried and w.pairs == Lab.MIN_PAIRS and w.concurrency == 1
+    assert w.low_ms <= 8.0 <= w.high_ms and w.saving_ms == pytest.approx(8.0, abs=2.0)
+    assert w.answers == "same" and not ep.fixed  # undone after its blocks
+
+
+def test_the_fix_is_applied_only_for_its_own_blocks():
+    ep = FakeEndpoint()
+    seen = []
+    original = ep.request
+
+    def request(body, timeout_s):
+        seen.append(ep.fixed)
+        return original(body, timeout_s)
+
+    ep.request = request
+    lab(ep).compare(toggle(ep))
+    # A (reference), B (prime), then A B, B A, A B: both arms, in alternating order
+    assert seen[:2] == [False, True] and seen.count(True) >= 4 and seen.count(False) >= 4 and not ep.fixed
+
+
+def test_a_fix_that_changes_the_answers_is_not_tried():
+    ep = FakeEndpoint()
+    ep.saving_ms, ep.fixed_answer = 5.0, {"y": [1.0, 2.5]}
+    w = lab(ep).compare(toggle(ep))
+    assert not w.tried and w.saving_ms is None and "answers changed" in w.why_not
+
+
+def test_answers_that_differ_by_float_noise_are_the_same():
+    ep = FakeEndpoint()
+    ep.saving_ms, ep.fixed_answer = 5.0, {"y": [1.0000001, 2.0]}
+    w = lab(ep).compare(toggle(ep))
+    assert w.tried and w.answers == "same within float noise"
+
+
+def test_a_fix_whose_requests_fail_is_not_tried_and_the_endpoint_is_left_as_written():
+    ep = FakeEndpoint()
+    ep.fail_fixed = "RuntimeError: Inplace update to inference tensor outside InferenceMode"
+    w = lab(ep).compare(toggle(ep))
+    assert not w.tried and "failed with the fix applied" in w.why_not and "InferenceMode" in w.why_not and not ep.fixed
+
+
+def test_a_fix_that_never_takes_effect_is_not_tried():
+    ep = FakeEndpoint()
+    fix = toggle(ep)
+    fix.hits, fix.note = (lambda: 0), "no loader was called twice with the same arguments"
+    w = lab(ep).compare(fix)
+    assert not w.tried and "never took effect: no loader" in w.why_not
+
+
+def test_a_fix_that_holds_too_much_memory_is_abandoned(monkeypatch):
+    from servescope.doctor.experiments import lab as lab_module
+
+    ep = FakeEndpoint()
+    rss = iter([100.0] + [100.0, 900.0] * 10)
+    monkeypatch.setattr(lab_module, "_rss_mb", lambda: next(rss))
+    released = []
+    fix = toggle(ep)
+    fix.release = lambda: released.append(True)
+    w = lab(ep, memory_bound_mb=500.0).compare(fix)
+    assert not w.tried and "800 MB more" in w.why_not and "500 MB" in w.why_not and released == [True]
+
+
+def test_concurrent_experiments_report_throughput_at_their_load():
+    ep = FakeEndpoint(base_ms=40.0)
+    ep.saving_ms = 10.0
+    w = lab(ep).compare(toggle(ep), concurrency=4)
+    assert w.tried and w.concurrency == 4 and w.base_rps and w.fixed_rps
+    assert w.saving_ms == pytest.approx(10.0)
+
+
+def test_no_time_left_is_said_not_guessed():
+    ep = FakeEndpoint()
+    w = Lab(ep, b"{}", timeout_s=1.0, budget_s=0.0).compare(toggle(ep))
+    assert not w.tried and "time for experiments ran out" in w.why_not and ep.n == 0
+
+
+# -- answers -------------------------------------------------------------------------------------
+
+
+def test_answers_compare_bodies_tensors_and_arrays_within_float_noise():
+    torch = pytest.importorskip("torch")
+    assert close(plain(b'{"a": [1.0, 2.0]}'), plain({"a": np.array([1.0, 2.0 + 1e-9])}))[0]
+    assert close(plain(torch.tensor([1.0, 2.0])), plain(np.array([1.0, 2.0], dtype=np.float32))) == (True, True)
+    assert not close(plain({"a": [1, 2]}), plain({"a": [1, 2, 3]}))[0]
+    assert not close(plain({"a": 1}), plain({"b": 1}))[0]
+
+
+def test_an_endpoint_whose_own_answers_vary_is_compared_by_structure():
+    a = Answers()
+    a.add({"id": "r1", "y": [1.0]}, fixed=False)
+    a.add({"id": "r2", "y": [1.0]}, fixed=False)
+    a.add({"id": "r3", "y": [1.0]}, fixed=True)
+    assert "compared by structure only" in a.verdict()
+
+
+# -- the fixes themselves ---------------------------------------------------------------------------
+
+
+class Slow:
+    """An object whose unpickling sleeps: a loader with a known cost."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __setstate__(self, state):
+        import time
+
+        time.sleep(state["ms"] / 1000)
+        self.__dict__.update(state)
+
+
+def in_request(fn):
+    """``fn()`` as one request: its own evidence record (where the memo counts repeated calls)."""
+    from servescope.doctor.context import new_evidence, reset_evidence, set_evidence
+
+    token = set_evidence(new_evidence())
+    try:
+        return fn()
+    finally:
+        reset_evidence(token)
+
+
+def test_memoised_loaders_return_what_the_first_call_returned():
+    blob = pickle.dumps(Slow(1))
+    memo = Memo([])
+    undo = memo.apply()
+    try:
+        a = in_request(lambda: pickle.load(io.BytesIO(blob)))
+        b = in_request(lambda: pickle.load(io.BytesIO(blob)))  # the same bytes in a new buffer: the same key
+        c = in_request(lambda: pickle.load(io.BytesIO(pickle.dumps(Slow(2)))))
+        twice = in_request(lambda: (pickle.load(io.BytesIO(blob)), pickle.load(io.BytesIO(blob))))
+    finally:
+        undo()
+    assert twice[0] is a and twice[1] is not a  # the second load of a request is another object, as written
+    assert a is b and c is not a and memo.hits() == 2
+    assert pickle.load(io.BytesIO(blob)) is not a  # undone: the loader as written
+    memo.release()
+    assert memo.cache == {}
+
+
+def test_a_model_built_per_request_is_built_once_while_memoised():
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(n, n), torch.nn.Linear(n, n)  # two layers of one shape: two layers
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    memo = Memo([Net, torch.nn.Linear])
+    undo = memo.apply()
+    try:
+        outs = [in_request(lambda: (lambda net: (net, net(torch.ones(1, 4))))(Net(4))) for _ in range(3)]
+    finally:
+        undo()
+    (n1, y1), (n2, y2), (n3, y3) = outs
+    assert n1 is not n2 and n1.a.weight is n2.a.weight is n3.a.weight  # the same weights
+    assert n1.a.weight is not n1.b.weight  # ... and still two layers
+    assert torch.equal(y1, y2) and torch.equal(y2, y3) and memo.hits() == 2
+    assert Net(4).a.weight is not n1.a.weight  # undone
+
+
+def test_keys_follow_content_not_identity(tmp_path):
+    p = tmp_path / "w.bin"
+    p.write_bytes(b"x" * 10)
+    assert key_of(str(p)) == key_of(str(p))
+    k1 = key_of(str(p))
+    p.write_bytes(b"y" * 11)
+    assert key_of(str(p)) != k1  # the file changed: another key
+    assert key_of(io.BytesIO(b"abc")) == key_of(io.BytesIO(b"abc")) != key_of(io.BytesIO(b"abd"))
+
+
+def test_the_batcher_serves_concurrent_callers_from_one_call_and_hands_each_its_rows():
+    calls = []
+    gate = threading.Event()
+
+    def model(x, scale=1.0):
+        calls.append(len(x))
+        gate.wait(2)
+        return x * scale
+
+    b = Batcher(model)
+    results = {}
+
+    def caller(i):
+        results[i] = b(np.full((1, 3), float(i)), scale=2.0)
+
+    first = threading.Thread(target=caller, args=(0,))
+    first.start()
+    while not calls:
+        pass
+    others = [threading.Thread(target=caller, args=(i,)) for i in range(1, 5)]
+    for t in others:
+        t.start()
+    while len(b.pending) < 4:
+        pass
+    gate.set()
+    for t in [first, *others]:
+        t.join(5)
+    assert calls[0] == 1 and 4 in calls[1:]  # the lone first call never waited; the next four shared one
+    assert all(np.array_equal(results[i], np.full((1, 3), 2.0 * i)) for i in range(5)) and b.merged >= 1
+
+
+def test_inputs_that_do_not_line_up_are_not_merged():
+    with pytest.raises(Exception):
+        merge([(np.zeros((1, 3)),), (np.zeros((1, 4)),)])
+    with pytest.raises(Exception):
+        merge([({"a": 1},), ({"a": 2},)])  # different options
+    merged, rows = merge([(["a", "b"],), (["c"],)])
+    assert merged == (["a", "b", "c"],) and rows == [2, 1]
+    assert [r.tolist() for r in split(np.arange(6).reshape(3, 2), rows)] == [[[0, 1], [2, 3]], [[4, 5]]]
+
+
+def test_the_off_the_loop_fix_runs_an_async_handler_on_threads(monkeypatch):
+    async def handler(payload):
+        return {"thread": threading.current_thread().name}
+
+    ep = FunctionEndpoint(handler)
+    ep.start(1.0)
+    try:
+        on_loop = ep.request(b"{}", 1.0).answer["thread"]
+        ep.off_loop = True
+        off = ep.request(b"{}", 1.0).answer["thread"]
+    finally:
+        ep.stop()
+    assert on_loop == "servescope-loop" and off.startswith("servescope-call")
+
+
+def _evidence(**warm) -> Evidence:
+    return Evidence(warm=Warm(requests=5, p50_ms=1.0, forwards=Forwards(**warm)), concurrent=Concurrent(concurrency=4, requests=8))
+
+
+def test_each_experiment_runs_only_when_the_evidence_calls_for_it():
+    from servescope.doctor.experiments import EXPERIMENTS
+
+    ep = FakeEndpoint()
+    quiet = {name: exp(_evidence(), lab(ep), Seen()) for name, exp in EXPERIMENTS.items()}
+    assert quiet == dict.fromkeys(EXPERIMENTS) and ep.n == 0
