@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: import name -> distribution name, where they differ
 DIST = {"prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-sdk", "sklearn": "scikit-learn"}
 #: imported only when present, with a fallback: uvloop (uvicorn[standard] brings it where it
-#: builds), threadpoolctl (scikit-learn brings it), fastapi (the user's app, probed if loaded)
-OPTIONAL = {"uvloop", "threadpoolctl", "fastapi"}
+#: builds), threadpoolctl (scikit-learn brings it), fastapi (the user's app, probed if loaded),
+#: PIL (the doctor varies an image payload with it when the user's endpoint has it; without
+#: it, the image is left as it is)
+OPTIONAL = {"uvloop", "threadpoolctl", "fastapi", "PIL"}
 
 
 def _names(spec: list[str]) -> set[str]:

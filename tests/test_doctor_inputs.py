@@ -39,3 +39,23 @@ def test_an_input_that_cannot_be_read_is_never_called_the_same():
         device = type("D", (), {"type": "cuda"})()
 
     assert fingerprint({"x": OnDevice()}) is None
+
+
+def test_an_image_sent_as_base64_is_varied_in_its_pixels_not_its_text():
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from servescope.doctor.inputs import vary
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((32, 32, 3), 100, dtype=np.uint8)).save(buf, format="PNG")
+    b64 = base64.b64encode(buf.getvalue()).decode()
+    for payload, get in (({"image": b64}, lambda p: p["image"]), ({"image": "data:image/png;base64," + b64}, lambda p: p["image"].split(",", 1)[1])):
+        varied = vary(payload)
+        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(get(varied)))))
+        assert img.shape == (32, 32, 3) and img[0, 0, 0] == 155 and img[-1, -1, 0] == 100  # decodes, and differs
+    audio = base64.b64encode(b"RIFX" + bytes(200)).decode()  # base64 of something else: left alone
+    assert vary({"audio": audio, "text": "hi"}) == {"audio": audio, "text": "hi and more"}

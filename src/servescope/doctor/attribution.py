@@ -70,10 +70,13 @@ def _model_bounds(
     if not model:
         return None
     first, last = min(s[1] for s in model), max(s[2] for s in model)
-    begin = max((s[2] for s in spans if s[2] <= first and s[0] in ("validate", "receive")), default=0.0)
     entered = (evidence or {}).get("handler_start_ns")
-    if entered is not None and trace.started_ns is not None:  # not the framework's thread hop
-        begin = max(begin, min((entered - trace.started_ns) / 1e6, first))
+    if entered is not None and trace.started_ns is not None:
+        # the handler's real start (not the framework's thread hop); a json call inside the
+        # handler (its own parsing, a config read) is its work, not the request's validation
+        begin = min(max((entered - trace.started_ns) / 1e6, 0.0), first)
+    else:
+        begin = max((s[2] for s in spans if s[2] <= first and s[0] in ("validate", "receive")), default=0.0)
     end = min((s[1] for s in spans if s[1] >= last and s[0] in ("serialize", "send")), default=trace.total_ms)
     return begin, first, last, end
 

@@ -196,13 +196,17 @@ def detached(obj: Any, depth: int = 0) -> Any:
 
 
 def vary(payload: Any, depth: int = 0) -> Any:
-    """The payload with every string lengthened a little and every decimal number nudged:
-    another request of the same shape. Whole numbers and booleans stay (they are often ids,
-    counts and switches whose other values the endpoint may refuse)."""
+    """The payload with what reaches the model changed a little: another request of the same
+    shape. Strings are lengthened, decimals nudged; an image sent as base64 (or a data URL)
+    is decoded, a few pixels changed and encoded again in its own format, since text appended
+    to base64 is dropped by the decoder (the image, and the model's input, would stay the
+    same) or breaks it. Other base64 (audio, arrays) is left as it is: changed blindly it
+    would no longer decode. Whole numbers and booleans stay (they are often ids, counts and
+    switches whose other values the endpoint may refuse)."""
     if depth > 8:
         return payload
     if isinstance(payload, str):
-        return payload + " and more"
+        return _vary_text(payload)
     if isinstance(payload, float):
         return payload * 1.01 + 0.01
     if isinstance(payload, dict):
@@ -210,3 +214,52 @@ def vary(payload: Any, depth: int = 0) -> Any:
     if isinstance(payload, list):
         return [vary(v, depth + 1) for v in payload]
     return payload
+
+
+_B64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_\n\r")
+#: the first bytes of the image formats Pillow reads
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
+
+
+def _vary_text(s: str) -> str:
+    head, sep, body = s.partition(",") if s.startswith("data:") and ";base64," in s[:64] else ("", "", s)
+    if len(body) < 64 or not _B64.issuperset(body[:4096].encode("ascii", "replace")):
+        return s + " and more"  # text
+    import base64
+    import binascii
+
+    try:
+        raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_" if ("-" in body or "_" in body) else None)
+    except (binascii.Error, ValueError):
+        return s + " and more"
+    if not raw.startswith(_IMAGE_MAGIC):
+        return s  # base64 of something else: changed blindly it would no longer decode
+    changed = _vary_image(raw)
+    if changed is None:
+        return s
+    out = base64.b64encode(changed).decode("ascii")
+    if "-" in body or "_" in body:
+        out = out.replace("+", "-").replace("/", "_")
+    return head + sep + out
+
+
+def _vary_image(raw: bytes) -> bytes | None:
+    """The image with a band of pixels inverted, in its own format; None without Pillow."""
+    try:
+        import io
+
+        import numpy as np
+        from PIL import Image
+    except ImportError:
+        return None
+    try:
+        img = Image.open(io.BytesIO(raw))
+        fmt = img.format or "PNG"
+        arr = np.array(img.convert("RGB") if img.mode not in ("RGB", "L", "RGBA") else img)
+        h = max(1, arr.shape[0] // 8)
+        arr[:h] = 255 - arr[:h]  # a band across the top: survives resizing and JPEG
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format=fmt)
+        return buf.getvalue()
+    except Exception:  # an image Pillow cannot write back: leave it as it is
+        return None

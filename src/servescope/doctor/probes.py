@@ -38,7 +38,8 @@ from typing import Any, Callable
 from ..timing import current_stage_name, stage
 from .inputs import detached, fingerprint, first_array, pad_share, replicate, text_batch
 from .context import _evidence, _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
-from .stacks import StackProbes
+from .late import ImportWatch
+from .stacks import LATE_LIBRARIES, StackProbes
 
 __all__ = ["Probes", "current_evidence", "new_evidence", "reset_evidence", "set_evidence"]
 
@@ -83,7 +84,8 @@ class Probes(StackProbes):
         #: the outermost torch modules called in requests, by id (weakly held)
         self.modules: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._has_params: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._patched: set[tuple[int, str]] = set()
+        self._lock = threading.RLock()  # (a late import inside a late import takes it again)
 
     #: distinct model calls kept for the batch probe (the first few, by input fingerprint)
     MAX_CAPTURED = 8
@@ -140,6 +142,9 @@ class Probes(StackProbes):
         self._wrap_class_attr("pydantic", "BaseModel", "model_validate_json", "validate", classmethod_=True)
         self._mark_handler_entry()
         self._install_stacks()
+        watch = ImportWatch(LATE_LIBRARIES, self._install_late)
+        watch.start()
+        self._undo.append(watch.stop)
         torch = sys.modules.get("torch")
         if torch is None:
             try:
@@ -152,6 +157,13 @@ class Probes(StackProbes):
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+        self._patched.clear()
+
+    def _install_late(self, name: str) -> None:
+        """A model library imported after the probes were installed (inside a request): its
+        probes attach now, before its first call."""
+        with self._lock:
+            self._install_stacks()
 
     def _mark_handler_entry(self) -> None:
         """FastAPI hops to a thread pool for `def` endpoints: note when the user's function
@@ -347,6 +359,10 @@ class Probes(StackProbes):
                 self.background_forwards.append({"batch": record.get("batch"), "module": record.get("module")})
 
     def _patch(self, owner: Any, name: str, value: Any) -> None:
+        key = (id(owner), name)
+        if key in self._patched:  # (a library imported late: what was patched before stays as it is)
+            return
+        self._patched.add(key)
         if name in owner.__dict__:
             original = owner.__dict__[name]
             self._undo.append(lambda: setattr(owner, name, original))

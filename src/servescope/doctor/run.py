@@ -370,7 +370,9 @@ class _Run:
             return
         varied = vary(self.payload)
         if varied == self.payload:
-            self.missing["repeated"] = "the payload has no text or decimal number to vary, so inputs that never change cannot be told apart"
+            self.missing["repeated"] = (
+                "the payload has no text, decimal number or image to vary, so inputs that never change cannot be told apart"
+            )
             return
         obs = self.endpoint.request(payload_bytes(varied), self.options.timeout_s)
         if obs.error:

@@ -15,13 +15,28 @@ from ..timing import carried, current_stage_name, stage
 from .context import _evidence, _in_model_call
 from .inputs import detached, replicate
 
-__all__ = ["StackProbes"]
+__all__ = ["LATE_LIBRARIES", "StackProbes"]
+
+#: Modules whose import, when it comes after the probes were installed, attaches their probes
+#: (doctor/late.py): an endpoint may import its model library inside the handler.
+LATE_LIBRARIES = ("sklearn", "onnxruntime", "sentence_transformers", "transformers.", "joblib", "safetensors")
+#: Where transformers defines the classes whose loaders and calls are probed (looked up there,
+#: not on the lazy top-level package, which would import them all).
+_TRANSFORMERS = (
+    ("transformers.modeling_utils", "PreTrainedModel", "from_pretrained"),
+    ("transformers.tokenization_utils_base", "PreTrainedTokenizerBase", "AutoTokenizer.from_pretrained"),
+    ("transformers.configuration_utils", "PretrainedConfig", "AutoConfig.from_pretrained"),
+    ("transformers.processing_utils", "ProcessorMixin", "AutoProcessor.from_pretrained"),
+    ("transformers.image_processing_base", "ImageProcessingMixin", "AutoImageProcessor.from_pretrained"),
+    ("transformers.feature_extraction_utils", "FeatureExtractionMixin", "AutoFeatureExtractor.from_pretrained"),
+)
 
 
 class StackProbes:
     """The methods of ``Probes`` that patch libraries other than torch."""
 
     _patch: Callable[..., None]
+    _patched: set[tuple[int, str]]
     _loader: Callable[..., Callable[..., Any]]
     _patch_module_func: Callable[..., None]
     switch: Callable[..., Any]
@@ -36,8 +51,9 @@ class StackProbes:
     def _install_stacks(self) -> None:
         """Model calls and loaders beyond ``nn.Module``: ONNX Runtime, scikit-learn,
         sentence-transformers' ``encode``, transformers' pipelines, tokenizers and configs,
-        joblib and pickle. Each is patched only where its package is already imported (the
-        endpoint's module has been imported by now)."""
+        joblib and pickle. Each is patched only where its package is already imported; a
+        package imported later calls this again (``LATE_LIBRARIES``), and what is patched
+        already stays as it is."""
         ort = sys.modules.get("onnxruntime")
         if ort is not None and hasattr(ort, "InferenceSession"):
             self._patch(ort.InferenceSession, "__init__", self._loader(self._ort_threads(ort.InferenceSession.__init__), "onnxruntime.InferenceSession()"))
@@ -57,25 +73,16 @@ class StackProbes:
             cls = st.SentenceTransformer
             self._patch(cls, "__init__", self._loader(cls.__init__, "SentenceTransformer()"))
             self._patch(cls, "encode", self._model_call(cls.encode, "sentence-transformers", _first_arg, _first_arg_replay("encode")))
-        tr = sys.modules.get("transformers")
-        if tr is not None:
-            for cls_name, label in (
-                ("PreTrainedModel", "from_pretrained"),
-                ("PreTrainedTokenizerBase", "AutoTokenizer.from_pretrained"),
-                ("PretrainedConfig", "AutoConfig.from_pretrained"),
-                ("ProcessorMixin", "AutoProcessor.from_pretrained"),
-                ("ImageProcessingMixin", "AutoImageProcessor.from_pretrained"),
-                ("FeatureExtractionMixin", "AutoFeatureExtractor.from_pretrained"),
-            ):
-                cls = getattr(tr, cls_name, None)
-                fp = cls.__dict__.get("from_pretrained") if cls is not None else None
-                if isinstance(fp, classmethod):
-                    self._patch(cls, "from_pretrained", classmethod(self._loader(fp.__func__, label)))
-            pipe = getattr(tr, "Pipeline", None)
-            if pipe is not None and "__call__" in pipe.__dict__:
-                self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
+        for module, cls_name, label in _TRANSFORMERS:
+            cls = getattr(sys.modules.get(module), cls_name, None)
+            fp = cls.__dict__.get("from_pretrained") if cls is not None else None
+            if isinstance(fp, classmethod):
+                self._patch(cls, "from_pretrained", classmethod(self._loader(fp.__func__, label)))
+        pipe = getattr(sys.modules.get("transformers.pipelines.base"), "Pipeline", None)
+        if pipe is not None and "__call__" in pipe.__dict__:
+            self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
         self._carry_into_executors()
-        for module, name, label in (("joblib", "load", "joblib.load"), ("pickle", "load", "pickle.load")):
+        for module, name, label in (("joblib", "load", "joblib.load"), ("pickle", "load", "pickle.load"), ("safetensors.torch", "load_file", "safetensors.load_file")):
             mod = sys.modules.get(module)
             if mod is not None and hasattr(mod, name):
                 self._patch_module_func(mod, name, label)

@@ -134,7 +134,7 @@ class Lab:
         # the endpoint as written first: its time, and the answer to compare the fix's against
         lat, _ = self._block(None, 1, 1, answers)
         n = 1 if c > 1 else max(1, min(self.MAX_BLOCK, round(self.BLOCK_S * 1000 / max(statistics.median(lat), 0.01))))
-        per_block = requests or max(2 * c, 8)
+        per_block = requests or max(4 * c, 8)  # (long enough for the load to settle within a block)
         rss = _rss_mb()
         self._block(fix, 1, 1, answers)  # primes the fix (fills its memos): not counted
         base_rss = rss

@@ -1,0 +1,91 @@
+"""#22: are the doctor's findings on the gallery the same run after run, with a busy neighbour?
+
+    python bench/gallery_stability.py [--runs 3] [--neighbour] [--only NAME,...]
+
+Runs `servescope doctor` (as a user would, `--requests 15`) on every endpoint of
+examples/doctor/ `--runs` times; with `--neighbour`, a process keeps one core busy for the
+whole run. For each endpoint: the findings of each run, whether every run named the same
+causes, whether they are the expected ones (tests/e2e/test_doctor_gallery.py), and the
+longest run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from savings import burn  # noqa: E402  (the same neighbour as bench/savings.py)
+
+
+def gallery() -> tuple[dict[str, set[str]], dict[str, tuple[str, str]]]:
+    spec = importlib.util.spec_from_file_location("gallery", ROOT / "tests" / "e2e" / "test_doctor_gallery.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.EXPECTED, mod.ARGS
+
+
+def run(target: str, args: tuple[str, str], tmp: Path) -> tuple[set[str], float, dict]:
+    payload, path = args
+    out = tmp / "r.json"
+    out.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "servescope", "doctor", str(ROOT / "examples" / "doctor" / target), "--body",
+         str(ROOT / "examples" / "doctor" / payload), "--path", path, "--requests", "15", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False,
+    )  # fmt: skip
+    took = time.perf_counter() - t0
+    if not out.exists():
+        return {"(no report)"}, took, {}
+    report = json.loads(out.read_text())
+    return {f["id"] for f in report["findings"]}, took, (report.get("diagnosis") or {}).get("evidence", {}).get("machine") or {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--neighbour", action="store_true")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    expected, extra = gallery()
+    stop = multiprocessing.Event()
+    hog = multiprocessing.Process(target=burn, args=(stop,), daemon=True) if args.neighbour else None
+    if hog is not None:
+        hog.start()
+    tmp = Path(tempfile.mkdtemp(prefix="servescope-gallery-"))
+    rows = []
+    try:
+        for target in sorted(expected):
+            if args.only and target.split(":")[0].removesuffix(".py") not in args.only.split(","):
+                continue
+            runs = [run(target, extra.get(target, ("x256.json", "/predict")), tmp) for _ in range(args.runs)]
+            rows.append((target, runs))
+            print(json.dumps({"target": target, "runs": [[sorted(f), round(t, 1), m.get("others_cores")] for f, t, m in runs]}), flush=True)
+    finally:
+        stop.set()
+        if hog is not None:
+            hog.join(5)
+    same = sum(1 for _, runs in rows if all(f == runs[0][0] for f, _, _ in runs))
+    right = sum(1 for t, runs in rows if all(f == expected[t] for f, _, _ in runs))
+    print(f"\n{'endpoint':<40} {'same':>5} {'expected':>9} {'max s':>6}  findings (run 1)")
+    for target, runs in rows:
+        s = all(f == runs[0][0] for f, _, _ in runs)
+        e = all(f == expected[target] for f, _, _ in runs)
+        print(f"{target:<40} {'yes' if s else 'NO':>5} {'yes' if e else 'NO':>9} {max(t for _, t, _ in runs):>6.1f}  {sorted(runs[0][0])}")
+    print(f"same findings in every run: {same}/{len(rows)}; the expected ones in every run: {right}/{len(rows)}"
+          f"{' (with a neighbour keeping one core busy)' if args.neighbour else ''}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
