@@ -16,7 +16,6 @@ them, rather than blame the endpoint.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import statistics
@@ -42,10 +41,11 @@ from .evidence import (
     Forwards,
     Machine,
     Repeated,
-    Warm,
     WhatIf,
 )
+from .batchprobe import batch_probe
 from .probes import Probes
+from .summary import blas_threads, forwards_of, repeated_of, warm_of
 from .sampler import StackSampler
 from .inputs import vary
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, payload_bytes
@@ -101,157 +101,6 @@ PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 
 def _kind(error: str) -> str:
     return error.split(":", 1)[0]
-
-
-def _forwards(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
-    def kept(o: Observation) -> list[dict[str, Any]]:
-        return [f for f in o.evidence.get("forwards", []) if f.get("fp") is None or f.get("fp") not in skip]
-
-    forwards = [f for o in obs for f in kept(o)]
-    pads = [f["pad_share"] for f in forwards if f.get("pad_share") is not None]
-    ok = [o for o in obs if o.error is None]
-    per_request = [len(kept(o)) for o in ok]
-    # the time spent on padding, per request: each masked call's time x its share of padding
-    padded = [sum(f.get("ms", 0.0) * f["pad_share"] for f in kept(o) if f.get("pad_share") is not None) for o in ok]
-    timed = [f["ms"] for f in forwards if "ms" in f]
-    return Forwards(
-        count=len(forwards),
-        per_request=round(statistics.mean(per_request), 2) if per_request else 0.0,
-        batch_sizes=sorted({f["batch"] for f in forwards if f.get("batch") is not None}),
-        max_batch=max((f["batch"] or 0 for f in forwards), default=0),
-        training=sum(1 for f in forwards if f["training"]),
-        training_changes_output=sum(1 for f in forwards if f["training_changes_output"]),
-        grad=sum(1 for f in forwards if f["grad"]),
-        on_event_loop=sum(1 for f in forwards if f["on_event_loop"]),
-        param_devices=sorted({f["param_device"] for f in forwards if f.get("param_device")}),
-        input_devices=sorted({f["input_device"] for f in forwards if f.get("input_device")}),
-        mean_ms=round(statistics.mean(timed), 4) if timed else None,
-        modules=sorted({f["module"] for f in forwards}),
-        kinds=sorted({f.get("kind", "torch") for f in forwards}),
-        pad_share=round(statistics.mean(pads), 4) if pads else None,
-        padding_ms_per_request=round(statistics.mean(padded), 3) if pads and padded else None,
-    )
-
-
-def _repeated(ok: list[Observation], varied: Observation) -> tuple[Repeated, frozenset[str]]:
-    """The calls whose fingerprint was in every successful warm request and in the varied one."""
-    per = [{f["fp"] for f in o.evidence.get("forwards", []) if f.get("fp")} for o in ok]
-    constant = frozenset(set.intersection(*per) if per else set()) & {f["fp"] for f in varied.evidence.get("forwards", []) if f.get("fp")}
-    calls = [[f for f in o.evidence.get("forwards", []) if f.get("fp") in constant] for o in ok]
-    return (
-        Repeated(
-            calls_per_request=round(statistics.mean(len(c) for c in calls), 2) if calls else 0.0,
-            ms_per_request=round(statistics.mean(sum(f.get("ms", 0.0) for f in c) for c in calls), 3) if calls else 0.0,
-            modules=sorted({f["module"] for c in calls for f in c}),
-            batch_sizes=sorted({f["batch"] for c in calls for f in c if f.get("batch") is not None}),
-        ),
-        constant,
-    )
-
-
-def _blas_threads() -> int | None:
-    """The largest BLAS/OpenMP thread pool loaded in the process, when threadpoolctl (which
-    scikit-learn brings) is there to ask; None otherwise."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return None
-    try:
-        return max((int(p.get("num_threads") or 0) for p in threadpool_info()), default=None) or None
-    except Exception:  # a library threadpoolctl cannot read
-        return None
-
-
-def _construct_ms(ev: dict[str, Any]) -> float:
-    """Module construction (first to last ``nn.Module.__init__``) outside any loader's time
-    (a ``from_pretrained`` builds its modules inside its own load time)."""
-    lo, hi = ev.get("first_init_ns"), ev.get("last_init_ns")
-    if lo is None or hi is None or not ev.get("params_built"):
-        return 0.0
-    inside = sum(max(0, min(b, hi) - max(a, lo)) for a, b in ev.get("load_windows", []))
-    return max(hi - lo - inside, 0) / 1e6
-
-
-def _mean(values: list[float]) -> float:
-    return round(statistics.mean(values), 4) if values else 0.0
-
-
-def _warm(obs: list[Observation]) -> Warm:
-    ok = [o for o in obs if o.error is None]
-
-    def per(key: str) -> float:
-        return round(statistics.mean(o.evidence.get(key, 0) for o in ok), 3) if ok else 0.0
-
-    return Warm(
-        requests=len(obs),
-        errors=sum(1 for o in obs if o.error),
-        p50_ms=round(float(np.percentile([o.latency_ms for o in ok], 50)), 4) if ok else None,
-        p90_ms=round(float(np.percentile([o.latency_ms for o in ok], 90)), 4) if ok else None,
-        max_ms=round(max(o.latency_ms for o in ok), 4) if ok else None,
-        loads_per_request=per("loads"),
-        load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
-        load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),
-        constructed_per_request=per("constructed"),
-        construct_ms_per_request=_mean([_construct_ms(o.evidence) for o in ok]),
-        params_built_per_request=per("params_built"),
-        module_moves_per_request=per("module_moves"),
-        h2d_per_request=per("h2d"),
-        d2h_per_request=per("d2h"),
-        small_copies_per_request=per("small_copies"),
-        unpinned_async_per_request=per("unpinned_async"),
-        syncs_per_request=per("syncs"),
-        copy_bytes_per_request=per("copy_bytes"),
-        forwards=_forwards(obs),
-        errors_sample=sorted({o.error for o in obs if o.error})[:3],
-    )
-
-
-def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1000
-
-
-def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: Any, sizes: tuple[int, ...]) -> BatchProbe:
-    """Time a captured model call at several batch sizes (``replay(b)`` builds the call with
-    the first row replicated ``b`` times), under ``inference_mode`` for torch. For a torch
-    module (``model``), also batch 1 with autograd on and in eval mode; its training flags are
-    restored, module by module."""
-    quiet = torch.inference_mode if torch is not None and model is not None else contextlib.nullcontext
-    out = BatchProbe()
-    try:
-        with quiet():
-            for b in sizes:
-                out.per_item_ms[str(b)] = round(_best_ms(replay(b)) / b, 4)
-        per_item = out.per_item_ms
-        best = min(per_item, key=per_item.__getitem__)
-        out.best_batch = int(best)
-        out.gain = round(per_item[str(sizes[0])] / per_item[best], 3) if per_item[best] else None
-        one = replay(1)
-        with quiet():
-            out.forward_ms = round(_best_ms(one), 4)
-        if model is None:
-            return out
-        with torch.enable_grad():
-            t_grad = _best_ms(one)
-        out.grad_ratio = round(t_grad / out.forward_ms, 3) if out.forward_ms else None
-        modes = [(m, m.training) for m in model.modules() if hasattr(m, "training")]
-        try:
-            with torch.inference_mode():
-                t_train = _best_ms(one)  # as the endpoint runs it
-                model.eval()
-                t_eval = _best_ms(one)
-        finally:
-            for m, flag in modes:
-                m.training = flag
-        out.train_ratio = round(t_train / t_eval, 3) if t_eval else None
-    except Exception as exc:  # the probe is a bonus: its failure is data
-        out.error = f"{type(exc).__name__}: {exc}"[:300]
-    return out
 
 
 class _Run:
@@ -380,7 +229,7 @@ class _Run:
         else:
             self.varied = obs
             ok = [w for w in self.warm if w.error is None]
-            self.repeated, self.constant = _repeated(ok, obs)
+            self.repeated, self.constant = repeated_of(ok, obs)
 
     def _concurrent_phase(self) -> None:
         o = self.options
@@ -463,7 +312,7 @@ class _Run:
         cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
         if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
             return
-        warm = _warm(self.warm)
+        warm = warm_of(self.warm)
         lazy = (cold.evidence.get("loads", 0) > 0 or cold.evidence.get("params_built", 0) > 0) and warm.loads_per_request < 0.5
         from ..rules.causes import first_request_slow
 
@@ -529,7 +378,7 @@ class _Run:
 
     def _evidence(self) -> Evidence:
         """What the run measured, typed: for the experiments, then the rules."""
-        warm = _warm(self.warm)
+        warm = warm_of(self.warm)
         if "warm.forwards" in self.missing:
             warm.forwards = Forwards()
         ok_warm = [w for w in self.warm if w.error is None]
@@ -547,7 +396,7 @@ class _Run:
             throughput_rps=round(len(conc_ok) / self.conc_elapsed, 2) if self.conc_elapsed else None,
             sequential_rps=round(seq_rps, 2) if seq_rps else None,
             p50_ms=round(float(np.percentile([c.latency_ms for c in conc_ok], 50)), 3) if conc_ok else None,
-            forwards=_forwards(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
+            forwards=forwards_of(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
             loop_lag_max_ms=round(max(lag), 3) if lag else None,
             loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,
             background_calls=len(self.probes.background_forwards),
@@ -586,7 +435,7 @@ class _Run:
                 torch_threads=torch.get_num_threads() if torch is not None else None,
                 cpus_available=available_cpus(),
                 workers=1,
-                blas_threads=_blas_threads(),
+                blas_threads=blas_threads(),
                 ort_threads=max((n or (os.cpu_count() or 1) for n in self.probes.ort_threads), default=None),
             ),
             hot_spots=hot,
@@ -601,7 +450,6 @@ class _Run:
         return evidence
 
     def report(self, target_name: str) -> Report:
-        o = self.options
         rec = Recorder()
         is_http = self.endpoint.kind != "function"
         for w in self.warm:  # the cold request is reported on its own (first_ms), not in the statistics

@@ -20,7 +20,7 @@ from .causes import (
     NO_BATCHING_FLOOR_MS,
     NO_BATCHING_GAIN,
 )
-from .savings import measured_or_estimated, severity
+from .savings import measured_or_estimated
 
 __all__ = ["event_loop_blocked", "gil_contention", "no_batching"]
 

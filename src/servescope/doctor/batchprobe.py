@@ -1,0 +1,60 @@
+"""The batch probe: a captured model call replayed alone, without the probes, at several
+batch sizes (and at batch 1 with autograd on and in training mode)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable
+
+from .evidence import BatchProbe
+
+__all__ = ["batch_probe"]
+
+
+def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1000
+
+
+def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: Any, sizes: tuple[int, ...]) -> BatchProbe:
+    """Time a captured model call at several batch sizes (``replay(b)`` builds the call with
+    the first row replicated ``b`` times), under ``inference_mode`` for torch. For a torch
+    module (``model``), also batch 1 with autograd on and in eval mode; its training flags are
+    restored, module by module."""
+    quiet = torch.inference_mode if torch is not None and model is not None else contextlib.nullcontext
+    out = BatchProbe()
+    try:
+        with quiet():
+            for b in sizes:
+                out.per_item_ms[str(b)] = round(_best_ms(replay(b)) / b, 4)
+        per_item = out.per_item_ms
+        best = min(per_item, key=per_item.__getitem__)
+        out.best_batch = int(best)
+        out.gain = round(per_item[str(sizes[0])] / per_item[best], 3) if per_item[best] else None
+        one = replay(1)
+        with quiet():
+            out.forward_ms = round(_best_ms(one), 4)
+        if model is None:
+            return out
+        with torch.enable_grad():
+            t_grad = _best_ms(one)
+        out.grad_ratio = round(t_grad / out.forward_ms, 3) if out.forward_ms else None
+        modes = [(m, m.training) for m in model.modules() if hasattr(m, "training")]
+        try:
+            with torch.inference_mode():
+                t_train = _best_ms(one)  # as the endpoint runs it
+                model.eval()
+                t_eval = _best_ms(one)
+        finally:
+            for m, flag in modes:
+                m.training = flag
+        out.train_ratio = round(t_train / t_eval, 3) if t_eval else None
+    except Exception as exc:  # the probe is a bonus: its failure is data
+        out.error = f"{type(exc).__name__}: {exc}"[:300]
+    return out

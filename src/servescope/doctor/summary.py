@@ -1,0 +1,117 @@
+"""From what a phase's requests did (their observations) to typed evidence: the model calls,
+the loads, the calls repeated whatever the request."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+
+from .endpoints import Observation
+from .evidence import Forwards, Repeated, Warm
+
+__all__ = ["blas_threads", "forwards_of", "repeated_of", "warm_of"]
+
+
+def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
+    def kept(o: Observation) -> list[dict[str, Any]]:
+        return [f for f in o.evidence.get("forwards", []) if f.get("fp") is None or f.get("fp") not in skip]
+
+    forwards = [f for o in obs for f in kept(o)]
+    pads = [f["pad_share"] for f in forwards if f.get("pad_share") is not None]
+    ok = [o for o in obs if o.error is None]
+    per_request = [len(kept(o)) for o in ok]
+    # the time spent on padding, per request: each masked call's time x its share of padding
+    padded = [sum(f.get("ms", 0.0) * f["pad_share"] for f in kept(o) if f.get("pad_share") is not None) for o in ok]
+    timed = [f["ms"] for f in forwards if "ms" in f]
+    return Forwards(
+        count=len(forwards),
+        per_request=round(statistics.mean(per_request), 2) if per_request else 0.0,
+        batch_sizes=sorted({f["batch"] for f in forwards if f.get("batch") is not None}),
+        max_batch=max((f["batch"] or 0 for f in forwards), default=0),
+        training=sum(1 for f in forwards if f["training"]),
+        training_changes_output=sum(1 for f in forwards if f["training_changes_output"]),
+        grad=sum(1 for f in forwards if f["grad"]),
+        on_event_loop=sum(1 for f in forwards if f["on_event_loop"]),
+        param_devices=sorted({f["param_device"] for f in forwards if f.get("param_device")}),
+        input_devices=sorted({f["input_device"] for f in forwards if f.get("input_device")}),
+        mean_ms=round(statistics.mean(timed), 4) if timed else None,
+        modules=sorted({f["module"] for f in forwards}),
+        kinds=sorted({f.get("kind", "torch") for f in forwards}),
+        pad_share=round(statistics.mean(pads), 4) if pads else None,
+        padding_ms_per_request=round(statistics.mean(padded), 3) if pads and padded else None,
+    )
+
+
+def repeated_of(ok: list[Observation], varied: Observation) -> tuple[Repeated, frozenset[str]]:
+    """The calls whose fingerprint was in every successful warm request and in the varied one."""
+    per = [{f["fp"] for f in o.evidence.get("forwards", []) if f.get("fp")} for o in ok]
+    constant = frozenset(set.intersection(*per) if per else set()) & {f["fp"] for f in varied.evidence.get("forwards", []) if f.get("fp")}
+    calls = [[f for f in o.evidence.get("forwards", []) if f.get("fp") in constant] for o in ok]
+    return (
+        Repeated(
+            calls_per_request=round(statistics.mean(len(c) for c in calls), 2) if calls else 0.0,
+            ms_per_request=round(statistics.mean(sum(f.get("ms", 0.0) for f in c) for c in calls), 3) if calls else 0.0,
+            modules=sorted({f["module"] for c in calls for f in c}),
+            batch_sizes=sorted({f["batch"] for c in calls for f in c if f.get("batch") is not None}),
+        ),
+        constant,
+    )
+
+
+def blas_threads() -> int | None:
+    """The largest BLAS/OpenMP thread pool loaded in the process, when threadpoolctl (which
+    scikit-learn brings) is there to ask; None otherwise."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    try:
+        return max((int(p.get("num_threads") or 0) for p in threadpool_info()), default=None) or None
+    except Exception:  # a library threadpoolctl cannot read
+        return None
+
+
+def _construct_ms(ev: dict[str, Any]) -> float:
+    """Module construction (first to last ``nn.Module.__init__``) outside any loader's time
+    (a ``from_pretrained`` builds its modules inside its own load time)."""
+    lo, hi = ev.get("first_init_ns"), ev.get("last_init_ns")
+    if lo is None or hi is None or not ev.get("params_built"):
+        return 0.0
+    inside = sum(max(0, min(b, hi) - max(a, lo)) for a, b in ev.get("load_windows", []))
+    return max(hi - lo - inside, 0) / 1e6
+
+
+def _mean(values: list[float]) -> float:
+    return round(statistics.mean(values), 4) if values else 0.0
+
+
+def warm_of(obs: list[Observation]) -> Warm:
+    ok = [o for o in obs if o.error is None]
+
+    def per(key: str) -> float:
+        return round(statistics.mean(o.evidence.get(key, 0) for o in ok), 3) if ok else 0.0
+
+    return Warm(
+        requests=len(obs),
+        errors=sum(1 for o in obs if o.error),
+        p50_ms=round(float(np.percentile([o.latency_ms for o in ok], 50)), 4) if ok else None,
+        p90_ms=round(float(np.percentile([o.latency_ms for o in ok], 90)), 4) if ok else None,
+        max_ms=round(max(o.latency_ms for o in ok), 4) if ok else None,
+        loads_per_request=per("loads"),
+        load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
+        load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),
+        constructed_per_request=per("constructed"),
+        construct_ms_per_request=_mean([_construct_ms(o.evidence) for o in ok]),
+        params_built_per_request=per("params_built"),
+        module_moves_per_request=per("module_moves"),
+        h2d_per_request=per("h2d"),
+        d2h_per_request=per("d2h"),
+        small_copies_per_request=per("small_copies"),
+        unpinned_async_per_request=per("unpinned_async"),
+        syncs_per_request=per("syncs"),
+        copy_bytes_per_request=per("copy_bytes"),
+        forwards=forwards_of(obs),
+        errors_sample=sorted({o.error for o in obs if o.error})[:3],
+    )
