@@ -202,3 +202,7 @@ def main() -> None:
         shown = f"{mid:.1f}" if mid is not None else "none"
         print(f"{case.name:<24} {case.cause:<24} {load:>5} {shown:>10} {spread:>17} {basis:>9} "
               f"{(real['saving'] if real else float('nan')):>12.1f} {ratio:>6} {f'{same}/{len(runs)}':>5} {max(r['seconds'] for r in runs):>9.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

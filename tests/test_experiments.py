@@ -303,3 +303,35 @@ def test_each_experiment_runs_only_when_the_evidence_calls_for_it():
     ep = FakeEndpoint()
     quiet = {name: exp(_evidence(), lab(ep), Seen()) for name, exp in EXPERIMENTS.items()}
     assert quiet == dict.fromkeys(EXPERIMENTS) and ep.n == 0
+
+
+def test_fewer_threads_run_the_model_on_a_pool_of_that_size_and_leave_the_endpoints_threads_alone():
+    torch = pytest.importorskip("torch")
+    from servescope.doctor.evidence import Environment, Machine
+    from servescope.doctor.experiments.threads import fewer_threads
+
+    seen_threads = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            seen_threads.append(torch.get_num_threads())
+            return self.lin(x)
+
+    model = Model()
+
+    class Endpoint(FakeEndpoint):
+        def request(self, body, timeout_s):
+            with torch.inference_mode():
+                y = model(torch.ones(1, 4))
+            return Observation(5.0, answer=y)
+
+    ev = Evidence(environment=Environment(torch_threads=2, cpus_available=2), machine=Machine(others_cores=1.2), warm=Warm(requests=3))
+    before = torch.get_num_threads()
+    w = fewer_threads(ev, lab(Endpoint()), Seen(torch=torch, modules=[model]))
+    assert w.tried and w.answers == "same" and w.fix == "torch.set_num_threads(1) for the model's calls"
+    assert 1 in seen_threads and before in seen_threads  # the fix's blocks on 1 thread, the others as written
+    assert torch.get_num_threads() == before and "forward" not in vars(model)

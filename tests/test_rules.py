@@ -365,3 +365,27 @@ def test_an_estimate_gets_only_what_a_measured_saving_leaves_of_the_request():
     guess = Finding("slow-postprocess", "high", "G", saving_ms=30.0, saving_basis="estimated", saving_load="c=1")
     cap_savings([measured, guess], 40.0)
     assert measured.saving_ms == 30.0 and guess.saving_ms == pytest.approx(10.0)
+
+
+def test_threads_beyond_the_cpus_other_processes_leave_free_are_a_misfit():
+    from servescope.doctor.evidence import Machine
+
+    busy = healthy(machine=Machine(cpus_available=2, others_cores=1.1, busy=True))
+    [f] = diagnose_evidence(busy).findings
+    assert f.id == "thread-oversubscription" and "left free by other processes (0.9 of 2)" in f.title
+    assert f.evidence["cpus_free"] == 0.9 and "torch.set_num_threads(1)" in f.fix and f.saving_ms is None
+    busy.experiments["torch-threads"] = WhatIf(fix="torch.set_num_threads(1)", tried=True, pairs=4, base_p50_ms=60.0, fixed_p50_ms=12.0,
+                                               saving_ms=48.0, low_ms=40.0, high_ms=56.0)  # fmt: skip
+    [f] = diagnose_evidence(busy).findings
+    assert (f.saving_ms, f.saving_basis, f.severity) == (48.0, "measured", "critical")
+    # a quiet machine, 2 threads on 2 CPUs: nothing to say
+    assert diagnose_evidence(healthy(machine=Machine(cpus_available=2, others_cores=0.1))).findings == []
+
+
+def test_the_thread_count_tried_is_what_the_cpus_really_free_allow():
+    from servescope.doctor.evidence import Machine
+    from servescope.doctor.experiments.threads import thread_target
+
+    assert thread_target(healthy(machine=Machine(others_cores=1.0))) == 1
+    assert thread_target(healthy(machine=Machine(others_cores=0.0))) is None  # 2 threads on 2 free CPUs
+    assert thread_target(healthy(environment=Environment(torch_threads=8, cpus_available=4, workers=2))) == 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
-from .savings import measured_or_estimated, severity
+from .savings import BUSY_CORES, measured_or_estimated, severity
 
 #: Thresholds (docs/doctor.md).
 NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
@@ -381,21 +381,41 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
         return []
     worst, threads = max(pools.items(), key=lambda kv: kv[1])
     used = threads * env.workers
-    if used <= cpus:
+    # the CPUs really free: what other processes kept busy during the warm requests is not
+    # this endpoint's to spin on (a neighbour, a sidecar, a batch job on the node)
+    others = ev.machine.others_cores if ev.machine is not None and ev.machine.others_cores is not None else 0.0
+    free = cpus - others
+    contended = others >= BUSY_CORES and used > free + 0.5
+    if used <= cpus and not contended:
         return []
-    share = max(1, int(cpus) // max(1, env.workers))
+    share = max(1, min(int(cpus) // max(1, env.workers), int(free + 0.5)))
     fixes = {
-        "torch_threads": f"torch.set_num_threads({share})   # CPUs / workers, at start-up",
+        "torch_threads": f"torch.set_num_threads({share})   # the CPUs free / workers, at start-up",
         "blas_threads": f"threadpoolctl.threadpool_limits({share})   # numpy/scikit-learn's BLAS and OpenMP pools\n# or OMP_NUM_THREADS={share} OPENBLAS_NUM_THREADS={share} in the environment",
         "onnxruntime_threads": f"opts = onnxruntime.SessionOptions()\nopts.intra_op_num_threads = {share}\nsession = onnxruntime.InferenceSession(path, opts)",
     }
+    saving = measured_or_estimated(ev, "torch-threads", estimate_ms=None, estimated_from="") if worst == "torch_threads" else None
+    evidence = {**pools, "workers": env.workers, "cpus_available": cpus}
+    if others >= BUSY_CORES:
+        evidence.update(others_cores=round(others, 2), cpus_free=round(free, 2))
+    sev = "high" if used >= 2 * cpus else "medium"
+    if saving is not None and saving.ms is not None:
+        sev = saving.severity()
+    title = (
+        "More compute threads than CPUs: they spin and contend"
+        if used > cpus
+        else f"More compute threads than the CPUs left free by other processes ({free:.1f} of {cpus:g}): they wait for each other"
+    )
     return [
         Finding(
             "thread-oversubscription",
-            "high" if used >= 2 * cpus else "medium",
-            "More compute threads than CPUs: they spin and contend",
-            {**pools, "workers": env.workers, "cpus_available": cpus},
+            sev,
+            title,
+            evidence,
             fix=fixes[worst] + ("\n# or OMP_NUM_THREADS in the environment" if worst == "torch_threads" else ""),
+            saving_ms=saving.ms if saving is not None and saving.ms else None,
+            detail=saving.detail if saving is not None else "",
+            **(saving.fields() if saving is not None and saving.ms else {}),
         )
     ]
 

@@ -18,6 +18,7 @@ from .lab import Abandon, Fix, Lab
 from .loaders import memoise_loaders
 from .loop import off_the_loop
 from .seen import Seen
+from .threads import fewer_threads
 
 Experiment = Callable[[Evidence, Lab, Seen], "WhatIf | None"]
 
@@ -30,6 +31,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "eval-mode": eval_mode,
     "off-the-loop": off_the_loop,
     "batching": batch_calls,
+    "torch-threads": fewer_threads,
 }
 
 
