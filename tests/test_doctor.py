@@ -330,3 +330,16 @@ def test_concurrent_requests_find_their_server_traces_by_id(kind):
     ids = [o.evidence["request_id"] for o in ok]
     assert len(set(ids)) == len(ids)  # each its own trace
     assert all(o.trace is None and not o.evidence for o in obs if o.error is not None)
+
+
+def test_a_model_built_then_loaded_is_load_up_to_its_loader_not_preprocessing():
+    from servescope.doctor.attribution import construction_window
+
+    ms = 1_000_000
+    # Net(): its modules made from 1 to 3 ms, its weights initialised until torch.load at 9 ms
+    ev = {"first_init_ns": 1 * ms, "last_init_ns": 3 * ms, "load_windows": [(9 * ms, 12 * ms)]}
+    assert construction_window(ev) == (1 * ms, 9 * ms)
+    # built inside from_pretrained: the loader's own window covers it, nothing is added
+    inside = {"first_init_ns": 10 * ms, "last_init_ns": 11 * ms, "load_windows": [(9 * ms, 12 * ms), (20 * ms, 21 * ms)]}
+    assert construction_window(inside) == (10 * ms, 11 * ms)
+    assert construction_window({}) is None

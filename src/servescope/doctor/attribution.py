@@ -12,9 +12,24 @@ from typing import Any
 
 from ..timing import OTHER
 
-__all__ = ["split_other", "stage_windows"]
+__all__ = ["construction_window", "split_other", "stage_windows"]
 
 _MODEL_STAGES = ("infer", "to_device", "to_host")
+
+
+def construction_window(evidence: dict[str, Any] | None) -> tuple[int, int] | None:
+    """When the request built a model (perf_counter ns): from the first ``nn.Module.__init__``
+    to the last, or on to the loader called next (``torch.load`` after ``Net()``): a model's
+    own ``__init__`` goes on after its last submodule's (initialising the weights it made)."""
+    ev = evidence or {}
+    lo, hi = ev.get("first_init_ns"), ev.get("last_init_ns")
+    if lo is None or hi is None:
+        return None
+    windows = ev.get("load_windows", [])
+    if any(a <= hi <= b for a, b in windows):
+        return lo, hi  # built inside a loader (from_pretrained): the loader's time covers it
+    after = [a for a, _ in windows if a >= hi]
+    return lo, (min(after) if after else hi)
 
 
 def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str, float]:
@@ -24,10 +39,10 @@ def split_other(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str,
     seen by the probes (first to last ``nn.Module.__init__``) counts as ``load``."""
     durations = dict(trace.durations_ms)
     spans = [s for s in trace.spans() if s[3] == 0]
-    first_init = (evidence or {}).get("first_init_ns")
-    if first_init is not None and trace.started_ns is not None:
-        lo = (first_init - trace.started_ns) / 1e6
-        hi = (evidence["last_init_ns"] - trace.started_ns) / 1e6
+    built_ns = construction_window(evidence)
+    if built_ns is not None and trace.started_ns is not None:
+        lo = (built_ns[0] - trace.started_ns) / 1e6
+        hi = (built_ns[1] - trace.started_ns) / 1e6
         covered = sum(max(0.0, min(s[2], hi) - max(s[1], lo)) for s in spans)
         built = min(max(0.0, hi - lo - covered), durations.get(OTHER, 0.0))
         if built > 0:

@@ -151,6 +151,7 @@ class _Run:
             if i >= MIN_OK_REQUESTS and time.perf_counter() > deadline:
                 break
             obs = self.endpoint.request(self.body, o.timeout_s)
+            obs.answer = None  # (only the experiments compare answers: none is kept here)
             out.append(obs)
             self.tick("sequential requests", (i + 1) / o.requests)
             if obs.error and obs.error.startswith("timeout"):
@@ -250,6 +251,8 @@ class _Run:
         cpu1, idle1, t1 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
         wall_s = (t1 - t0) / 1e9
         self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
+        for c in self.conc:
+            c.answer = None
         loop_tid = self.endpoint.loop_thread_id
         exclude = {threading.main_thread().ident or 0, loop_tid or 0}
         exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler", "servescope-ticker"))}

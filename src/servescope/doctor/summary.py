@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .attribution import construction_window
 from .endpoints import Observation
 from .evidence import Forwards, Repeated, Warm
 
@@ -76,9 +77,10 @@ def blas_threads() -> int | None:
 def _construct_ms(ev: dict[str, Any]) -> float:
     """Module construction (first to last ``nn.Module.__init__``) outside any loader's time
     (a ``from_pretrained`` builds its modules inside its own load time)."""
-    lo, hi = ev.get("first_init_ns"), ev.get("last_init_ns")
-    if lo is None or hi is None or not ev.get("params_built"):
+    window = construction_window(ev)
+    if window is None or not ev.get("params_built"):
         return 0.0
+    lo, hi = window
     inside = sum(max(0, min(b, hi) - max(a, lo)) for a, b in ev.get("load_windows", []))
     return max(hi - lo - inside, 0) / 1e6
 
