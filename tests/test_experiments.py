@@ -335,3 +335,46 @@ def test_fewer_threads_run_the_model_on_a_pool_of_that_size_and_leave_the_endpoi
     assert w.tried and w.answers == "same" and w.fix == "torch.set_num_threads(1) for the model's calls"
     assert 1 in seen_threads and before in seen_threads  # the fix's blocks on 1 thread, the others as written
     assert torch.get_num_threads() == before and "forward" not in vars(model)
+
+
+def test_a_streamed_answers_steps_run_off_the_servers_loop_in_order():
+    import asyncio
+
+    from servescope.doctor.experiments.loop import _off_loop
+
+    where, closed = [], []
+
+    async def tokens():
+        try:
+            for i in range(3):
+                where.append(threading.current_thread().name)
+                yield i
+        finally:
+            closed.append(True)
+
+    async def read():
+        return [item async for item in _off_loop(tokens())]
+
+    assert asyncio.run(read()) == [0, 1, 2]
+    assert set(where) == {"servescope-stream-step"} and closed == [True]
+
+
+def test_a_handler_that_streams_is_read_to_its_end_with_its_first_chunk_timed():
+    import asyncio
+
+    async def agen(payload):
+        for i in range(3):
+            await asyncio.sleep(0)
+            yield i
+
+    def sgen(payload):
+        yield from ("a", "b")
+
+    for handler, items in ((agen, [0, 1, 2]), (sgen, ["a", "b"])):
+        ep = FunctionEndpoint(handler)
+        ep.start(1.0)
+        try:
+            o = ep.request(b"{}", 2.0)
+        finally:
+            ep.stop()
+        assert o.error is None and o.answer == items and 0 < o.first_chunk_ms <= o.latency_ms

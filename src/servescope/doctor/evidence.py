@@ -99,6 +99,8 @@ class Warm:
     p50_ms: float | None = None
     p90_ms: float | None = None
     max_ms: float | None = None
+    #: a streamed answer: time to its first chunk (p50); None for a plain answer
+    first_chunk_p50_ms: float | None = None
     loads_per_request: float = 0.0
     load_ms_per_request: float = 0.0
     load_calls: list[str] = field(default_factory=list)
@@ -139,6 +141,7 @@ class Concurrent:
     throughput_rps: float | None = None
     sequential_rps: float | None = None
     p50_ms: float | None = None
+    first_chunk_p50_ms: float | None = None  # a streamed answer: time to its first chunk (p50)
     forwards: Forwards | None = None  # None from outside the process (--url)
     loop_lag_max_ms: float | None = None
     loop_lag_p99_ms: float | None = None
@@ -188,6 +191,9 @@ class WhatIf:
     tried: bool = False
     why_not: str = ""
     concurrency: int = 1
+    #: what the p50s and the saving are of: "latency" (the whole answer), or "first chunk" for
+    #: a streamed answer (time to first token: what its reader waits for)
+    measure: str = "latency"
     pairs: int = 0
     requests: int = 0  # with the fix applied, counted
     base_p50_ms: float | None = None

@@ -45,7 +45,7 @@ from .evidence import (
 )
 from .batchprobe import batch_probe
 from .probes import Probes
-from .summary import blas_threads, forwards_of, repeated_of, warm_of
+from .summary import blas_threads, first_chunk_p50, forwards_of, repeated_of, warm_of
 from .sampler import StackSampler
 from .inputs import vary
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, payload_bytes
@@ -399,6 +399,7 @@ class _Run:
             throughput_rps=round(len(conc_ok) / self.conc_elapsed, 2) if self.conc_elapsed else None,
             sequential_rps=round(seq_rps, 2) if seq_rps else None,
             p50_ms=round(float(np.percentile([c.latency_ms for c in conc_ok], 50)), 3) if conc_ok else None,
+            first_chunk_p50_ms=first_chunk_p50(conc_ok),
             forwards=forwards_of(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
             loop_lag_max_ms=round(max(lag), 3) if lag else None,
             loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,

@@ -12,7 +12,13 @@ from .attribution import construction_window
 from .endpoints import Observation
 from .evidence import Forwards, Repeated, Warm
 
-__all__ = ["blas_threads", "forwards_of", "repeated_of", "warm_of"]
+__all__ = ["blas_threads", "first_chunk_p50", "forwards_of", "repeated_of", "warm_of"]
+
+
+def first_chunk_p50(ok: list[Observation]) -> float | None:
+    """The p50 time to first chunk of streamed answers, when most answers were streamed."""
+    firsts = [o.first_chunk_ms for o in ok if o.first_chunk_ms is not None]
+    return round(float(np.percentile(firsts, 50)), 3) if firsts and len(firsts) * 2 >= len(ok) else None
 
 
 def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
@@ -101,6 +107,7 @@ def warm_of(obs: list[Observation]) -> Warm:
         p50_ms=round(float(np.percentile([o.latency_ms for o in ok], 50)), 4) if ok else None,
         p90_ms=round(float(np.percentile([o.latency_ms for o in ok], 90)), 4) if ok else None,
         max_ms=round(max(o.latency_ms for o in ok), 4) if ok else None,
+        first_chunk_p50_ms=first_chunk_p50(ok),
         loads_per_request=per("loads"),
         load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
         load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),

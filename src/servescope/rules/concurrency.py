@@ -95,6 +95,28 @@ def no_batching(ev: Evidence) -> list[Finding]:
     ]
 
 
+_LOOP_FIX = (
+    "# an `async def` endpoint runs on the loop: make it a plain `def` (FastAPI runs it in a\n"
+    "# thread pool), or hand the heavy call off:\n"
+    "@app.post('/predict')\n"
+    "async def predict(payload: Payload):\n"
+    "    return await asyncio.to_thread(run_model, payload)\n"
+    "# a big response is encoded on the loop even for `def` endpoints: return\n"
+    "# Response(orjson.dumps(...)) built inside the endpoint instead"
+)
+_STREAM_FIX = (
+    "# the streamed answer's `async def` generator runs each step on the event loop (a `def`\n"
+    "# endpoint does not change that): make the generator a plain `def` (Starlette runs each\n"
+    "# step on its thread pool) ...\n"
+    "def tokens():\n"
+    "    for _ in range(max_tokens):\n"
+    "        yield decode_step()\n"
+    "return StreamingResponse(tokens(), media_type='text/event-stream')\n"
+    "# ... or hand each step off inside it: token = await asyncio.to_thread(decode_step)\n"
+    "# (servescope.serve runs a model that yields off the loop, its streams batched step by step)"
+)
+
+
 def event_loop_blocked(ev: Evidence) -> list[Finding]:
     conc = ev.need("concurrent")
     if conc.forwards is None and conc.loop is None:
@@ -115,6 +137,7 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
     )
     if not (model_on_loop or busy):
         return []
+    streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
     forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
     busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
     estimate = min(max(forward if model_on_loop else 0.0, busy_per_request), conc.p50_ms or ev.p50_ms or float("inf"))
@@ -148,15 +171,7 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
             sev,
             "Heavy synchronous work runs on the event loop: concurrent requests queue behind it",
             evidence,
-            fix=(
-                "# an `async def` endpoint runs on the loop: make it a plain `def` (FastAPI runs it in a\n"
-                "# thread pool), or hand the heavy call off:\n"
-                "@app.post('/predict')\n"
-                "async def predict(payload: Payload):\n"
-                "    return await asyncio.to_thread(run_model, payload)\n"
-                "# a big response is encoded on the loop even for `def` endpoints: return\n"
-                "# Response(orjson.dumps(...)) built inside the endpoint instead"
-            ),
+            fix=_STREAM_FIX if streamed else _LOOP_FIX,
             saving_ms=saving.ms or None,
             detail=(saving.detail + stall).strip(),
             **(saving.fields() if saving.ms else {}),

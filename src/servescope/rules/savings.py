@@ -84,7 +84,7 @@ def measured_or_estimated(
 
 
 def _measured(w: WhatIf, experiment: str) -> Saving:
-    load = f"c={w.concurrency}"
+    load = f"c={w.concurrency}" + (", first chunk" if w.measure == "first chunk" else "")
     saving = max(w.saving_ms or 0.0, 0.0)
     interval = f" (95% interval {_ms(w.low_ms)} to {_ms(w.high_ms)} ms)" if w.low_ms is not None and w.high_ms is not None else ""
     rate = ""
@@ -103,8 +103,9 @@ def _measured(w: WhatIf, experiment: str) -> Saving:
         )
     if w.low_ms is not None and w.low_ms <= 0 < (w.saving_ms or 0.0):
         busy += " The interval includes zero: this saving cannot be told from none."
+    what = "p50 time to first chunk" if w.measure == "first chunk" else "p50"
     detail = (
-        f"Measured by trying the fix on this endpoint ({w.fix}): p50 {_ms(w.base_p50_ms or 0.0)} -> {_ms(w.fixed_p50_ms or 0.0)} ms "
+        f"Measured by trying the fix on this endpoint ({w.fix}): {what} {_ms(w.base_p50_ms or 0.0)} -> {_ms(w.fixed_p50_ms or 0.0)} ms "
         f"at {load}{rate}; saving {gain}, from {w.pairs} pairs of request blocks; answers {w.answers or 'not compared'}.{busy}"
     )
     return Saving(ms=round(saving, 3), basis="measured", load=load, detail=detail, low_ms=w.low_ms, high_ms=w.high_ms, p50_ms=w.base_p50_ms or 0.0)

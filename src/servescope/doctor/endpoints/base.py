@@ -26,6 +26,9 @@ class Observation:
     #: what the endpoint answered (a handler's return value, an app's response body), kept so
     #: that an experiment can check a fix changes no answer; None once it is not needed
     answer: Any = None
+    #: a streamed answer (chunked, Server-Sent Events, a handler that returns a generator):
+    #: when its first chunk came, ms after the request was sent; None for a plain answer
+    first_chunk_ms: float | None = None
 
 
 class Endpoint(Protocol):

@@ -88,7 +88,8 @@ class FunctionEndpoint:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.is_async = inspect.iscoroutinefunction(fn)
+        # an `async def` generator streams on the loop, as a server iterates one
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
         self._pool = _DaemonPool(32)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -137,6 +138,7 @@ class FunctionEndpoint:
         ev = new_evidence()
         tr = Trace()
         t0 = time.perf_counter_ns()
+        first: list[int] = []  # a streamed answer: when its first item came
         if self.is_async and not self.off_loop:
             assert self._loop is not None
 
@@ -144,18 +146,20 @@ class FunctionEndpoint:
                 set_evidence(ev)
                 with tr:
                     try:
-                        return await self.fn(payload)
+                        return await _drain_async(_call_async(self.fn, payload), first)
                     except (SystemExit, KeyboardInterrupt) as exc:
                         raise _HandlerExit(describe_failure(exc)) from None
 
             fut: Any = asyncio.run_coroutine_threadsafe(run(), self._loop)
         else:
-            fn = self.fn
+            fn, is_async = self.fn, self.is_async
 
             def run_sync() -> Any:
                 set_evidence(ev)
                 with tr:
-                    return asyncio.run(fn(payload)) if self.is_async else fn(payload)
+                    if is_async:  # (off the loop: a loop of its own, on this worker thread)
+                        return asyncio.run(_drain_async(_call_async(fn, payload), first))
+                    return _drain(fn(payload), first)
 
             fut = self._pool.submit(lambda: contextvars.copy_context().run(run_sync))
         err, answer = None, None
@@ -167,7 +171,8 @@ class FunctionEndpoint:
         except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from the handler
             err = describe_failure(exc)
         latency = (time.perf_counter_ns() - t0) / 1e6
-        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev, answer)
+        first_ms = (first[0] - t0) / 1e6 if first else None
+        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev, answer, first_ms)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
@@ -197,6 +202,37 @@ class FunctionEndpoint:
             t.join(max(deadline - time.perf_counter(), 0) + timeout_s + 1)
         with lock:
             return list(obs), time.perf_counter() - t0
+
+
+async def _call_async(fn: Callable[..., Any], payload: Any) -> Any:
+    """What an ``async def`` handler answers: its return value, or the async generator it is."""
+    out = fn(payload)
+    return await out if inspect.isawaitable(out) else out
+
+
+def _drain(out: Any, first: list[int]) -> Any:
+    """A handler that returns a generator streams its answer: read it to its end, as a server
+    sends it, noting when its first item came (the items are the answer)."""
+    if not inspect.isgenerator(out):
+        return out
+    items = []
+    for item in out:
+        if not first:
+            first.append(time.perf_counter_ns())
+        items.append(item)
+    return items
+
+
+async def _drain_async(answer: Any, first: list[int]) -> Any:
+    out = await answer
+    if inspect.isasyncgen(out):
+        items = []
+        async for item in out:
+            if not first:
+                first.append(time.perf_counter_ns())
+            items.append(item)
+        return items
+    return _drain(out, first)
 
 
 async def lag_monitor(out: list[float], interval: float = 0.005) -> None:

@@ -70,6 +70,14 @@ class _Collector:
             self.by_id.clear()
 
 
+def _streamed(resp: http.client.HTTPResponse) -> bool:
+    """An answer sent in chunks (``Transfer-Encoding: chunked``, Server-Sent Events) rather than
+    with its length: what a streamed response looks like on the wire."""
+    return resp.getheader("Content-Length") is None and (
+        "chunked" in (resp.getheader("Transfer-Encoding") or "").lower() or "event-stream" in (resp.getheader("Content-Type") or "")
+    )
+
+
 def _one_line(body: bytes, limit: int = 160) -> str:
     """An error answer's body as one short line: an HTML page's text without its tags."""
     text = body[:4096].decode("utf-8", "replace")
@@ -108,7 +116,7 @@ class _HTTPEndpoint:
         self._next_id += 1
         rid = str(self._next_id)
         t0 = time.perf_counter_ns()
-        status, err, data = None, None, None
+        status, err, data, first = None, None, None, None
         deadline = time.monotonic() + timeout_s
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
         try:
@@ -116,8 +124,19 @@ class _HTTPEndpoint:
             conn.request("POST", self.path, body=body, headers=headers)
             conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
             resp = conn.getresponse()
-            data = resp.read()
             status = resp.status
+            if _streamed(resp):  # read it as it comes: when did its first chunk arrive?
+                chunks = []
+                while True:
+                    chunk = resp.read1(65536)
+                    if not chunk:
+                        break
+                    if first is None:
+                        first = (time.perf_counter_ns() - t0) / 1e6
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+            else:
+                data = resp.read()
             if status >= 400:
                 err = f"HTTP {status}: {_one_line(data)}"
         except socket.timeout:
@@ -133,7 +152,7 @@ class _HTTPEndpoint:
             time.sleep(0.0005)
             found = self.collector.find(rid)
         tr, ev = found or (None, None)
-        return Observation(latency, status, err, tr, ev or {}, data)
+        return Observation(latency, status, err, tr, ev or {}, data, first)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
@@ -165,7 +184,8 @@ class _HTTPEndpoint:
             err = error_kind(r)
             m = _ID_IN_TIMING.search(r[4]) if isinstance(r[4], bytes) else None
             tr, ev = (self.collector.find(m.group(1).decode("latin-1")) if m else None) or (None, None)
-            obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}))
+            first = (r.stream[2][0] - r.sent_ns) / 1e6 if r.stream and r.stream[2] else None
+            obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}, None, first))
         self.collector.forget()
         return obs, elapsed
 

@@ -104,6 +104,7 @@ class Lab:
         self.endpoint, self.body, self.timeout_s = endpoint, body, timeout_s
         self.per_fix_s, self.tick, self.clock = per_fix_s, tick, clock
         self.deadline = clock() + budget_s
+        self._streamed: bool | None = None
         avail = _available_mb()
         self.memory_bound_mb = memory_bound_mb if memory_bound_mb is not None else min(2048.0, 0.5 * avail) if avail else 2048.0
 
@@ -118,6 +119,7 @@ class Lab:
             out.why_not = "the doctor's time for experiments ran out before this one"
             return out
         cpu = CpuReading()
+        self._streamed: bool | None = None
         try:
             self._measure(fix, concurrency, requests, out)
         except Abandon as exc:
@@ -131,8 +133,11 @@ class Lab:
 
     def _measure(self, fix: Fix, c: int, requests: int | None, out: WhatIf) -> None:
         answers = Answers(same=fix.same_answers)
-        # the endpoint as written first: its time, and the answer to compare the fix's against
+        # the endpoint as written first: its time, and the answer to compare the fix's against;
+        # a streamed answer is measured by its first chunk (what its reader waits for)
         lat, _ = self._block(None, 1, 1, answers)
+        if self._streamed:
+            out.measure = "first chunk"
         n = 1 if c > 1 else max(1, min(self.MAX_BLOCK, round(self.BLOCK_S * 1000 / max(statistics.median(lat), 0.01))))
         per_block = requests or max(4 * c, 8)  # (long enough for the load to settle within a block)
         rss = _rss_mb()
@@ -194,7 +199,7 @@ class Lab:
                     )
                 answers.add(o.answer, fixed=fix is not None)
                 o.answer = None
-                lat.append(o.latency_ms)
+                lat.append(self._stat(o))
             return lat, None
         finally:
             if undo is not None:
@@ -213,4 +218,10 @@ class Lab:
             raise Abandon(f"{len(bad)} of {len(obs)} concurrent requests {who} failed ({bad[0]})"[:300])
         if not obs:
             raise Abandon("no concurrent request finished within the experiment's time")
-        return [o.latency_ms for o in obs], (len(obs) / elapsed if elapsed > 0 else None)
+        return [self._stat(o) for o in obs], (len(obs) / elapsed if elapsed > 0 else None)
+
+    def _stat(self, o: Any) -> float:
+        """A request's figure: its latency, or for a streamed answer its first chunk's."""
+        if self._streamed is None:
+            self._streamed = o.first_chunk_ms is not None
+        return o.first_chunk_ms if self._streamed and o.first_chunk_ms is not None else o.latency_ms

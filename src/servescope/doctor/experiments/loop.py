@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from typing import Any, Callable
 
 from ..evidence import Evidence, WhatIf
@@ -24,13 +25,14 @@ def off_the_loop(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     if not (on_loop or busy):
         return None
     endpoint = lab.endpoint
-    apply, how = _applier(endpoint)
+    streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
+    apply, how = _applier(endpoint, streamed)
     if apply is None:
         return WhatIf(fix="the handler on a worker thread", concurrency=conc.concurrency, why_not=how)
     return lab.compare(Fix("off-the-loop", how, apply), concurrency=conc.concurrency)
 
 
-def _applier(endpoint: Any) -> tuple[Callable[[], Callable[[], None]] | None, str]:
+def _applier(endpoint: Any, streamed: bool) -> tuple[Callable[[], Callable[[], None]] | None, str]:
     if getattr(endpoint, "kind", "") == "function":
         if not getattr(endpoint, "is_async", False):
             return None, "the handler is not `async def`"
@@ -43,6 +45,8 @@ def _applier(endpoint: Any) -> tuple[Callable[[], Callable[[], None]] | None, st
     app = getattr(endpoint, "user_app", None)
     if app is None or getattr(endpoint, "kind", "") != "asgi":
         return None, "the app has no event loop of its own to move work off (WSGI)"
+    if streamed:
+        return _stream_steps(), "each step of the streamed answer's `async` generator run on a worker thread (its own event loop)"
     routing = sys.modules.get("fastapi.routing")
     if routing is not None and type(app).__module__.startswith("fastapi"):
         return _fastapi(routing), "the `async def` endpoint run on Starlette's thread pool (as a plain `def` endpoint is)"
@@ -62,6 +66,70 @@ def _fastapi(routing: Any) -> Callable[[], Callable[[], None]]:
     def apply() -> Callable[[], None]:
         patches = Patches()
         patches.set(routing, "run_endpoint_function", off_loop)
+        return patches.undo
+
+    return apply
+
+
+class _StepThread:
+    """An event loop on a thread of its own, for one stream's steps."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="servescope-stream-step")
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(1)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+def _off_loop(content: Any) -> Any:
+    """The async generator driven step by step on a thread of its own: the server's loop
+    only waits for each step, as a plain generator's steps run on Starlette's thread pool."""
+    it = content.__aiter__()
+
+    async def step() -> tuple[bool, Any]:
+        try:
+            return True, await it.__anext__()
+        except StopAsyncIteration:
+            return False, None
+
+    async def stepped() -> Any:
+        worker = _StepThread()
+        try:
+            while True:
+                more, item = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(step(), worker.loop))
+                if not more:
+                    return
+                yield item
+        finally:
+            close = getattr(it, "aclose", None)
+            if close is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(close(), worker.loop).result(5)
+                except Exception:  # a generator that fails to close: the request is over anyway
+                    pass
+            worker.stop()
+
+    return stepped()
+
+
+def _stream_steps() -> Callable[[], Callable[[], None]]:
+    from starlette.responses import StreamingResponse
+
+    original = StreamingResponse.__init__
+
+    def init(self: Any, content: Any, *args: Any, **kwargs: Any) -> None:
+        if hasattr(content, "__aiter__"):
+            content = _off_loop(content)
+        original(self, content, *args, **kwargs)
+
+    def apply() -> Callable[[], None]:
+        patches = Patches()
+        patches.set(StreamingResponse, "__init__", init)
         return patches.undo
 
     return apply
