@@ -8,10 +8,12 @@ nothing else. For each case:
 - the doctor runs on the endpoint (`servescope doctor`, as a user would) and names the cause
   with its saving, at the load it states;
 - both twins are served by uvicorn on loopback and loaded by `servescope bench` at that load,
-  back to back, `--rounds` times (before, after, before, after ...); the realized saving is
-  the median of the rounds' p50 differences (for a cold start: of the first requests, each in
-  a fresh server);
-- the ratio doctor / realized is printed (target 0.7-1.3).
+  back to back, `--rounds` times; the realized saving is the median of the rounds' p50
+  differences (for a cold start: of the first requests, each in a fresh server);
+- each round runs the doctor first (while `--doctor-runs` are left), then the two twins, so a
+  machine that runs slower for a few minutes slows all three;
+- printed: the ratio doctor / realized (target 0.7-1.3), and the same ratio of the savings as
+  shares of the unchanged endpoint's p50 (which a slower machine scales alike).
 `--neighbour` keeps one core busy with another process for the whole run (a busy machine).
 """
 
@@ -45,6 +47,11 @@ class Case:
     concurrency: int = 1
     cold: bool = False  # the saving is the first request's
     streamed: bool = False  # the saving is in time to first token
+
+
+#: the doctor's experiment that measures each cause's fix
+EXPERIMENT = {"model-load-per-request": "memoise-loaders", "repeated-work": "memoise-repeated", "padding-waste": "trim-padding",
+              "grad-enabled": "inference-mode", "event-loop-blocked": "off-the-loop", "no-batching": "batching"}  # fmt: skip
 
 
 def cases() -> list[Case]:
@@ -118,17 +125,11 @@ def bench_p50(module: str, case: Case, body: Path, seconds: float, tmp: Path) ->
         stop_group(proc)
 
 
-def realized(case: Case, body: Path, rounds: int, seconds: float, tmp: Path) -> dict:
-    before, after = [], []
-    for _ in range(rounds):
-        if case.cold:
-            before.append(first_request_ms(case.name, case, body))
-            after.append(first_request_ms(case.name + "_fixed", case, body))
-        else:
-            before.append(bench_p50(case.name, case, body, seconds, tmp)["p50"])
-            after.append(bench_p50(case.name + "_fixed", case, body, seconds, tmp)["p50"])
-    diffs = [b - a for b, a in zip(before, after)]
-    return {"before": statistics.median(before), "after": statistics.median(after), "saving": statistics.median(diffs), "diffs": diffs}
+def realized_once(case: Case, body: Path, seconds: float, tmp: Path) -> tuple[float, float]:
+    """(before, after): the endpoint and its fixed twin, back to back."""
+    if case.cold:
+        return first_request_ms(case.name, case, body), first_request_ms(case.name + "_fixed", case, body)
+    return bench_p50(case.name, case, body, seconds, tmp)["p50"], bench_p50(case.name + "_fixed", case, body, seconds, tmp)["p50"]
 
 
 def doctor(case: Case, body: Path, tmp: Path) -> dict:
@@ -146,6 +147,14 @@ def doctor(case: Case, body: Path, tmp: Path) -> dict:
     row = {"seconds": took, "found": sorted(found), "not_checked": report.get("diagnosis", {}).get("not_checked", {})}
     if f is not None:
         row.update(saving=f.get("saving_ms"), severity=f["severity"], basis=f.get("saving_basis", "estimated"), at=f.get("saving_load", ""))
+        # the p50 the saving is a share of: the unchanged endpoint's in the experiment, or the warm p50
+        base = (f["evidence"].get("p50_ms") if isinstance(f.get("evidence"), dict) else None) or report["latency"].get("p50_ms")
+        what_if = report["diagnosis"]["evidence"].get("experiments", {}).get(EXPERIMENT.get(case.cause, ""))
+        if what_if and what_if.get("tried"):
+            base = what_if["base_p50_ms"]
+        if case.cold:
+            base = report["latency"].get("first_ms")
+        row["base"] = base
     return row
 
 
@@ -180,8 +189,21 @@ def main() -> None:
         for case in chosen:
             body = tmp / f"{case.name}.json"
             body.write_text(json.dumps(case.body))
-            runs = [doctor(case, body, tmp) for _ in range(args.doctor_runs)]
-            real = None if args.skip_realized else realized(case, body, args.rounds, args.seconds, tmp)
+            # each round: a doctor run (while there are runs to make), then the endpoint and its
+            # twin back to back, so that the machine's drift over minutes falls on all three
+            runs, befores, afters = [], [], []
+            for k in range(max(args.rounds, args.doctor_runs)):
+                if k < args.doctor_runs:
+                    runs.append(doctor(case, body, tmp))
+                if k < args.rounds and not args.skip_realized:
+                    b, a = realized_once(case, body, args.seconds, tmp)
+                    befores.append(b)
+                    afters.append(a)
+            real = None
+            if befores:
+                diffs = [b - a for b, a in zip(befores, afters)]
+                real = {"before": statistics.median(befores), "after": statistics.median(afters), "saving": statistics.median(diffs), "diffs": diffs,
+                        "befores": befores}  # fmt: skip
             rows.append((case, runs, real))
             print(json.dumps({"case": case.name, "doctor": runs, "realized": real}), flush=True)
     finally:
@@ -189,7 +211,8 @@ def main() -> None:
         if hog is not None:
             hog.join(5)
     print()
-    print(f"{'case':<24} {'cause':<24} {'load':>5} {'doctor ms':>10} {'(runs)':>17} {'basis':>9} {'realized ms':>12} {'ratio':>6} {'same':>5} {'doctor s':>9}")
+    print(f"{'case':<22} {'cause':<22} {'load':>8} {'doctor ms':>10} {'(runs)':>15} {'basis':>9} {'realized ms':>12} {'ratio':>6} "
+          f"{'share d/r':>10} {'same':>5} {'doctor s':>9}")  # fmt: skip
     for case, runs, real in rows:
         load = "first" if case.cold else f"c={case.concurrency}" + (" TTFT" if case.streamed else "")
         said = [r["saving"] for r in runs if r.get("saving") is not None]
@@ -202,11 +225,14 @@ def main() -> None:
             ratio = "both 0"  # the doctor said the fix gains nothing, and it gained nothing
         else:
             ratio = "-"
+        # the saving as a share of the unchanged endpoint's p50, the doctor's against the twin's:
+        # a machine that runs slower for a few minutes scales both figures alike
+        shares = [r["saving"] / r["base"] for r in runs if r.get("saving") and r.get("base")]
+        share = f"{statistics.median(shares) / (real['saving'] / real['before']):.2f}" if shares and real and real["saving"] > 0 else "-"
         same = sum(1 for r in runs if r.get("found") == runs[0].get("found"))
         shown = f"{mid:.1f}" if mid is not None else "none"
-        print(f"{case.name:<24} {case.cause:<24} {load:>5} {shown:>10} {spread:>17} {basis:>9} "
-              f"{(real['saving'] if real else float('nan')):>12.1f} {ratio:>6} {f'{same}/{len(runs)}':>5} {max(r['seconds'] for r in runs):>9.1f}")  # fmt: skip
-
+        print(f"{case.name:<22} {case.cause:<22} {load:>8} {shown:>10} {spread:>15} {basis:>9} "
+              f"{(real['saving'] if real else float('nan')):>12.1f} {ratio:>6} {share:>10} {f'{same}/{len(runs)}':>5} {max(r['seconds'] for r in runs):>9.1f}")  # fmt: skip
 
 if __name__ == "__main__":
     main()
