@@ -66,7 +66,7 @@ def cases() -> list[Case]:
         Case("cold_start", "cold-start", "/classify", text, cold=True),
         Case("padding", "padding-waste", "/embed", {"texts": ["short text one", "another short text", "a third one here"]}),
         Case("corpus_encode", "repeated-work", "/search", {"query": "which orders were late"}),
-        Case("grad_rows", "grad-enabled", "/score", {"rows": [[((i * 7 + j) % 13) / 13 for i in range(64)] for j in range(20)]}),
+        Case("grad_encoder", "grad-enabled", "/embed", {"reviews": ["arrived on time, works as described", "the strap broke after a week"]}),
         Case("async_forward", "event-loop-blocked", "/embed", text, concurrency=8),
         Case("st_no_batching", "no-batching", "/embed", text, concurrency=8),
         Case("stream_on_loop", "event-loop-blocked", "/generate", {"prompt": "once upon a time", "max_tokens": 24}, concurrency=8, streamed=True),

@@ -87,7 +87,10 @@ class CpuReading:
 
     ``idle``: cores left idle; ``others``: cores other processes used (the CPUs' busy time less
     this process's own CPU time); ``pressure``: share of the phase during which some runnable
-    task waited for a CPU. Each is None where the OS does not say."""
+    task waited for a CPU. Each is None where the OS does not say, and idle and others for a
+    phase shorter than ``MIN_S`` (the kernel counts CPU time in ticks of 10 ms)."""
+
+    MIN_S = 0.5
 
     def __init__(self) -> None:
         import time
@@ -102,7 +105,7 @@ class CpuReading:
         idle1, psi1, cpu1 = idle_cpu_seconds(), cpu_pressure_us(), time.process_time()
         if wall <= 0:
             return None, None, None
-        idle = (idle1 - self.idle0) / wall if idle1 is not None and self.idle0 is not None else None
+        idle = (idle1 - self.idle0) / wall if idle1 is not None and self.idle0 is not None and wall >= self.MIN_S else None
         others = None
         if idle is not None:
             others = max(available_cpus() - idle - (cpu1 - self.cpu0) / wall, 0.0)

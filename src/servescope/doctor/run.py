@@ -172,13 +172,13 @@ class _Run:
             with self.sampler:
                 reading = CpuReading()
                 self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
-                self._machine(reading)
                 if any(w.error for w in self.warm):
                     self._check_the_probes()
                 if not any(w.error is None for w in self.warm):
                     return  # nothing succeeded: more load would only repeat the failure
                 self._varied_request()
                 self._concurrent_phase()
+                self._machine(reading)  # (over the warm and the concurrent requests: long enough to read)
             self.probes.remove()  # the batch probe times the model alone, without the probes' hooks
             self.tick("batch probe", 0.0)
             self._batch_probe()
@@ -292,8 +292,8 @@ class _Run:
             self.missing["batch_probe"] = f"batch probe abandoned: it did not finish within {self.options.timeout_s:g} s"
 
     def _machine(self, reading: CpuReading) -> None:
-        """How busy the machine was during the warm requests, said in the report: timings on a
-        busy machine are slower and noisier."""
+        """How busy the machine was while the doctor measured (the warm and the concurrent
+        requests), said in the report: timings on a busy machine are slower and noisier."""
         m = self.machine
         m.cores_idle, m.others_cores, m.cpu_pressure = reading.since()
         ok = [w.latency_ms for w in self.warm if w.error is None]
@@ -304,10 +304,10 @@ class _Run:
 
         if m.others_cores is not None and m.others_cores >= BUSY_CORES:
             m.busy = True
-            m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy during the warm requests"
+            m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy while the doctor measured"
         elif m.others_cores is None and m.cpu_pressure is not None and m.cpu_pressure >= 0.5:
             m.busy = True
-            m.why_busy = f"tasks waited for a CPU {m.cpu_pressure:.0%} of the time during the warm requests"
+            m.why_busy = f"tasks waited for a CPU {m.cpu_pressure:.0%} of the time while the doctor measured"
 
     def _repeat_cold(self) -> None:
         """A first request slow with no load to explain it is one sample: start the endpoint

@@ -28,6 +28,7 @@ GIL_IDLE_SHARE = 0.5  # of the cores the process left unused, the share that mus
 FAILING_HIGH = 0.1
 REPEATED_SHARE = 0.01
 PADDING_SHARE = 0.5
+CONTENTION_SHARE = 0.05  # fewer threads must save this share of the p50, measured
 MODEL_CALLS = ("torch module hooks", "onnxruntime", "scikit-learn", "sentence-transformers", "transformers.pipeline")
 
 
@@ -387,6 +388,11 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
     free = cpus - others
     contended = others >= BUSY_CORES and used > free + 0.5
     if used <= cpus and not contended:
+        return []
+    tried = ev.tried("torch-threads")
+    if used <= cpus and (tried is None or (tried.low_ms or 0.0) <= 0 or (tried.saving_ms or 0.0) < CONTENTION_SHARE * (tried.base_p50_ms or 0.0)):
+        # a neighbour comes and goes: only a pool that fewer threads measurably beat on this
+        # machine, now, is a misfit worth naming (a timing, not a count, so it must be measured)
         return []
     share = max(1, min(int(cpus) // max(1, env.workers), int(free + 0.5)))
     fixes = {

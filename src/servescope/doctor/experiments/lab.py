@@ -147,8 +147,8 @@ class Lab:
         a_meds, b_meds, a_all, b_all, a_rps, b_rps = [], [], [], [], [], []
         pairs = 0
         while pairs < self.MAX_PAIRS and (pairs < self.MIN_PAIRS or self.clock() < stop):
-            if self.clock() > self.deadline + self.per_fix_s:
-                break  # far past the doctor's budget: stop with what was measured
+            if pairs >= 2 and self.clock() > self.deadline:
+                break  # past the doctor's budget: stop with what was measured (2 pairs give an interval)
             order = (None, fix) if pairs % 2 == 0 else (fix, None)
             for arm in order:
                 if c > 1:
