@@ -393,3 +393,22 @@ def test_the_thread_count_tried_is_what_the_cpus_really_free_allow():
     assert thread_target(healthy(machine=Machine(others_cores=1.0))) == 1
     assert thread_target(healthy(machine=Machine(others_cores=0.0))) is None  # 2 threads on 2 free CPUs
     assert thread_target(healthy(environment=Environment(torch_threads=8, cpus_available=4, workers=2))) == 2
+
+
+@pytest.mark.parametrize(
+    "calls, says, not_says",
+    [
+        (["onnxruntime.InferenceSession()"], "onnxruntime.InferenceSession(", "torch.load"),
+        (["joblib.load"], "joblib.load(PATH)", "torch.load"),
+        (["AutoTokenizer.from_pretrained"], "AutoTokenizer.from_pretrained(PATH)", "torch.load"),
+        (["load_state_dict", "torch.load"], "torch.load(PATH", "joblib"),
+        ([], "build_model()", "joblib"),  # a model built per request, no loader call
+    ],
+)
+def test_the_load_once_fix_is_written_for_what_the_endpoint_loads(calls, says, not_says):
+    ev = healthy(warm__loads_per_request=1, warm__load_ms_per_request=5.0, warm__load_calls=calls, p50_ms=10.0)
+    if not calls:
+        ev = healthy(warm__constructed_per_request=3.0, warm__params_built_per_request=2570.0, p50_ms=10.0)
+    [f] = diagnose_evidence(ev).findings
+    assert says in f.fix and not_says not in f.fix
+    compile(f.fix, "<fix>", "exec")  # it is Python
