@@ -57,5 +57,9 @@ def test_an_image_sent_as_base64_is_varied_in_its_pixels_not_its_text():
         varied = vary(payload)
         img = np.asarray(Image.open(io.BytesIO(base64.b64decode(get(varied)))))
         assert img.shape == (32, 32, 3) and img[0, 0, 0] == 155 and img[-1, -1, 0] == 100  # decodes, and differs
-    audio = base64.b64encode(b"RIFX" + bytes(200)).decode()  # base64 of something else: left alone
-    assert vary({"audio": audio, "text": "hi"}) == {"audio": audio, "text": "hi and more"}
+    audio = base64.b64encode(b"RIFX" + bytes(200)).decode()  # base64 of something else: one character changed
+    varied = vary({"audio": audio, "text": "hi"})
+    assert varied["text"] == "hi and more" and varied["audio"] != audio and len(varied["audio"]) == len(audio)
+    assert len(base64.b64decode(varied["audio"])) == 204  # it still decodes
+    protein = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQ"  # only looks like base64
+    assert vary(protein) != protein and len(vary(protein)) == len(protein)

@@ -217,3 +217,20 @@ def test_scikit_learn_and_onnx_runtime_calls_on_the_loop_count_as_on_the_loop():
     rep = diagnose(predict, payload={"x": [0.1, 0.2, 0.3, 0.4]}, options=FAST_NO_FIXES)
     conc = rep.diagnosis.evidence["concurrent"]
     assert conc["forwards"]["kinds"] == ["scikit-learn"] and conc["forwards"]["on_event_loop"] == conc["requests"]
+
+
+def test_a_tensor_sent_in_the_body_and_loaded_is_the_requests_data_not_a_model_load():
+    import base64
+    import io
+    import pickle
+
+    blob = base64.b64encode(pickle.dumps({"samples": bytes(range(256)) * 12})).decode()
+
+    def predict(payload):  # the request carries its own data, pickled
+        data = pickle.load(io.BytesIO(base64.b64decode(payload["blob"])))
+        return {"n": len(data["samples"])}
+
+    rep = diagnose(predict, payload={"blob": blob}, options=FAST_NO_FIXES)
+    warm = rep.diagnosis.evidence["warm"]
+    assert "model-load-per-request" not in ids(rep), rep.findings
+    assert warm["loads_per_request"] == 0 and warm["data_loads_per_request"] == 1.0

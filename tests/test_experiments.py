@@ -79,8 +79,8 @@ def test_the_fix_is_applied_only_for_its_own_blocks():
 
     ep.request = request
     lab(ep).compare(toggle(ep))
-    # A (reference), B (prime), then A B, B A, A B: both arms, in alternating order
-    assert seen[:2] == [False, True] and seen.count(True) >= 4 and seen.count(False) >= 4 and not ep.fixed
+    # A twice (the reference answer: is it the same each time?), B (prime), then A B, B A, A B
+    assert seen[:3] == [False, False, True] and seen.count(True) >= 4 and seen.count(False) >= 4 and not ep.fixed
 
 
 def test_a_fix_that_changes_the_answers_is_not_tried():
@@ -116,21 +116,45 @@ def test_a_fix_that_holds_too_much_memory_is_abandoned(monkeypatch):
     from servescope.doctor.experiments import lab as lab_module
 
     ep = FakeEndpoint()
-    rss = iter([100.0] + [100.0, 900.0] * 10)
-    monkeypatch.setattr(lab_module, "_rss_mb", lambda: next(rss))
+    # 100 MB before the fix; from its first block on, 900 MB in every block, the unchanged
+    # ones too (a memo keeps what it remembered across the blocks between)
+    readings = iter([100.0] + [900.0] * 40)
+    monkeypatch.setattr(lab_module, "_memory_mb", lambda: next(readings))
     released = []
     fix = toggle(ep)
     fix.release = lambda: released.append(True)
     w = lab(ep, memory_bound_mb=500.0).compare(fix)
-    assert not w.tried and "800 MB more" in w.why_not and "500 MB" in w.why_not and released == [True]
+    assert not w.tried and "800 MB more" in w.why_not and "500 MB" in w.why_not and released == [True] and not ep.fixed
 
 
 def test_concurrent_experiments_report_throughput_at_their_load():
     ep = FakeEndpoint(base_ms=40.0)
     ep.saving_ms = 10.0
+    original = ep.concurrent
+
+    def concurrent(body, concurrency, requests, timeout_s, max_seconds):
+        obs, elapsed = original(body, concurrency, requests, timeout_s, max_seconds)
+        return obs, elapsed * (0.5 if ep.fixed else 1.0)  # with the fix, twice the throughput
+
+    ep.concurrent = concurrent
     w = lab(ep).compare(toggle(ep), concurrency=4)
-    assert w.tried and w.concurrency == 4 and w.base_rps and w.fixed_rps
+    assert w.tried and w.concurrency == 4 and w.fixed_rps == pytest.approx(2 * w.base_rps)
     assert w.saving_ms == pytest.approx(10.0)
+
+
+def test_an_endpoint_whose_answers_vary_is_compared_by_structure_under_concurrency_too():
+    ep = FakeEndpoint()
+    ep.saving_ms = 5.0
+    original = ep.request
+
+    def request(body, timeout_s):
+        o = original(body, timeout_s)
+        o.answer = {"id": ep.n, "y": [1.0]}  # a request id in every answer
+        return o
+
+    ep.request = request
+    w = lab(ep).compare(toggle(ep), concurrency=4)
+    assert w.tried and "compared by structure only" in w.answers
 
 
 def test_no_time_left_is_said_not_guessed():
@@ -254,18 +278,54 @@ def test_the_batcher_serves_concurrent_callers_from_one_call_and_hands_each_its_
 
     first = threading.Thread(target=caller, args=(0,))
     first.start()
-    while not calls:
-        pass
+    wait_until(lambda: calls)
     others = [threading.Thread(target=caller, args=(i,)) for i in range(1, 5)]
     for t in others:
         t.start()
-    while len(b.pending) < 4:
-        pass
+    wait_until(lambda: len(b.pending) >= 4)
     gate.set()
     for t in [first, *others]:
         t.join(5)
     assert calls[0] == 1 and 4 in calls[1:]  # the lone first call never waited; the next four shared one
     assert all(np.array_equal(results[i], np.full((1, 3), 2.0 * i)) for i in range(5)) and b.merged >= 1
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.001)
+
+
+def test_more_callers_than_a_batch_each_get_their_own_rows():
+    gate = threading.Event()
+
+    def model(x):
+        gate.wait(5)
+        return x * 10
+
+    b = Batcher(model)
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, b(np.full((1, 2), float(i))))) for i in range(21)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(b.pending) >= 20)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(results) == list(range(21))
+    assert all(np.array_equal(results[i], np.full((1, 2), 10.0 * i)) for i in range(21))
+
+
+def test_a_fix_that_fails_half_applied_leaves_nothing_patched():
+    torch = pytest.importorskip("torch")
+    original = torch.load
+    memo = Memo([int])  # int's __init__ cannot be replaced: the fix fails after torch.load was
+    with pytest.raises(TypeError):
+        memo.apply()
+    assert torch.load is original and "__init__" not in vars(int)
 
 
 def test_inputs_that_do_not_line_up_are_not_merged():
@@ -329,12 +389,20 @@ def test_fewer_threads_run_the_model_on_a_pool_of_that_size_and_leave_the_endpoi
                 y = model(torch.ones(1, 4))
             return Observation(5.0, answer=y)
 
-    ev = Evidence(environment=Environment(torch_threads=2, cpus_available=2), machine=Machine(others_cores=1.2), warm=Warm(requests=3))
     before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("torch runs on one thread here: there is no smaller pool to try")
+    ev = Evidence(environment=Environment(torch_threads=before, cpus_available=before), machine=Machine(others_cores=before - 0.8),
+                  warm=Warm(requests=3))  # fmt: skip
     w = fewer_threads(ev, lab(Endpoint()), Seen(torch=torch, modules=[model]))
     assert w.tried and w.answers == "same" and w.fix == "torch.set_num_threads(1) for the model's calls"
     assert 1 in seen_threads and before in seen_threads  # the fix's blocks on 1 thread, the others as written
     assert torch.get_num_threads() == before and "forward" not in vars(model)
+    later = []  # a thread the endpoint starts after the experiment gets the default it always had
+    t = threading.Thread(target=lambda: later.append((torch.ones(64, 64) @ torch.ones(64, 64), torch.get_num_threads())[1]))
+    t.start()
+    t.join(5)
+    assert later == [before]
 
 
 def test_a_streamed_answers_steps_run_off_the_servers_loop_in_order():

@@ -90,6 +90,18 @@ def test_the_fix_names_the_hot_spot_it_follows(tmp_path):
     assert "pandas" in f["evidence"]["hot_spot"] and "np.asarray" in f["fix"]
 
 
+def test_a_fix_that_cannot_reach_the_work_on_the_loop_is_not_measured_as_no_gain(tmp_path):
+    # a `def` endpoint whose big response FastAPI encodes on the loop: moving the endpoint
+    # function off the loop changes nothing there, and the doctor must not say "no gain"
+    out = tmp_path / "report.json"
+    doctor("slow_serialization_fastapi.py:app", tmp_path, "--json", str(out))
+    report = json.loads(out.read_text())
+    what_if = report["diagnosis"]["evidence"]["experiments"]["off-the-loop"]
+    assert not what_if["tried"] and "never took effect" in what_if["why_not"]
+    [f] = [f for f in report["findings"] if f["id"] == "event-loop-blocked"]
+    assert f["saving_basis"] == "estimated" and "not tried" in f["detail"]
+
+
 def test_fail_on_turns_a_finding_into_an_exit_status(tmp_path):
     assert doctor("load_per_request.py:predict", tmp_path, "--fail-on", "high").returncode == 1
     assert doctor("healthy_function.py:predict", tmp_path, "--fail-on", "info").returncode == 0

@@ -22,6 +22,7 @@ def new_evidence() -> dict[str, Any]:
         "constructed": 0,
         "params_built": 0,
         "load_windows": [],
+        "load_keys": [],  # each load call's key (probes.load_key), beside load_calls
         "first_init_ns": None,
         "last_init_ns": None,
         "module_moves": 0,

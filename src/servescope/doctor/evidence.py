@@ -104,6 +104,9 @@ class Warm:
     loads_per_request: float = 0.0
     load_ms_per_request: float = 0.0
     load_calls: list[str] = field(default_factory=list)
+    #: loader calls that read the request's own data (a tensor sent in the body, torch.load-ed),
+    #: told apart by the varied request: not model loads, and not counted above
+    data_loads_per_request: float = 0.0
     constructed_per_request: float = 0.0
     construct_ms_per_request: float = 0.0
     params_built_per_request: float = 0.0  # parameter elements allocated: weights built per request

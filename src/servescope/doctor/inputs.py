@@ -200,9 +200,10 @@ def vary(payload: Any, depth: int = 0) -> Any:
     shape. Strings are lengthened, decimals nudged; an image sent as base64 (or a data URL)
     is decoded, a few pixels changed and encoded again in its own format, since text appended
     to base64 is dropped by the decoder (the image, and the model's input, would stay the
-    same) or breaks it. Other base64 (audio, arrays) is left as it is: changed blindly it
-    would no longer decode. Whole numbers and booleans stay (they are often ids, counts and
-    switches whose other values the endpoint may refuse)."""
+    same) or breaks it. Other long text in the base64 alphabet (audio, arrays, a protein, a
+    hash) has one character in its middle changed, so what decodes still decodes. Whole numbers
+    and booleans stay (they are often ids, counts and switches whose other values the endpoint
+    may refuse)."""
     if depth > 8:
         return payload
     if isinstance(payload, str):
@@ -232,11 +233,15 @@ def _vary_text(s: str) -> str:
         raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_" if ("-" in body or "_" in body) else None)
     except (binascii.Error, ValueError):
         return s + " and more"
-    if not raw.startswith(_IMAGE_MAGIC):
-        return s  # base64 of something else: changed blindly it would no longer decode
-    changed = _vary_image(raw)
+    changed = _vary_image(raw) if raw.startswith(_IMAGE_MAGIC) else None
     if changed is None:
-        return s
+        # not an image (or one Pillow cannot write back): one character in its middle changed
+        # for another of the alphabet, so it still decodes (three bytes of its data differ)
+        # and text that only looks like base64 (a protein, a hash) is varied too
+        mid = len(body) // 2
+        mid -= 1 if body[mid] == "=" else 0
+        swap = "B" if body[mid] != "B" else "C"
+        return head + sep + body[:mid] + swap + body[mid + 1 :]
     out = base64.b64encode(changed).decode("ascii")
     if "-" in body or "_" in body:
         out = out.replace("+", "-").replace("/", "_")

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from ..timing import current_stage_name, stage
 from .inputs import detached, fingerprint, first_array, pad_share, replicate, text_batch
 from .context import _evidence, _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
+from .keys import key_of
 from .late import ImportWatch
 from .stacks import LATE_LIBRARIES, StackProbes
 from .transfers import TorchCallProbes
@@ -404,6 +405,7 @@ class Probes(StackProbes, TorchCallProbes):
             if not sw.on or current_stage_name() == "load":
                 return original(*args, **kwargs)
             ev = _evidence.get()
+            key = load_key(args, kwargs) if ev is not None else None  # (before it reads a file it is given)
             t0 = time.perf_counter_ns()
             with load:
                 try:
@@ -414,8 +416,19 @@ class Probes(StackProbes, TorchCallProbes):
                         ev["loads"] += 1
                         ev["load_calls"].append((label, (t1 - t0) / 1e6))
                         ev["load_windows"].append((t0, t1))
+                        ev["load_keys"].append(key)
 
         return wrapper
+
+
+def load_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """A loader call's key, the same for the same arguments (a path, the same bytes): a call
+    whose key changes when the request does reads the request's own data, not a model. (The
+    memo keys its calls the same way, experiments/memo.py.)"""
+    try:
+        return hash((key_of(args), key_of(kwargs)))
+    except Exception:  # an argument that cannot be keyed
+        return None
 
 
 def _args_and_kwargs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -45,7 +45,7 @@ from .evidence import (
 )
 from .batchprobe import batch_probe
 from .probes import Probes
-from .summary import blas_threads, first_chunk_p50, forwards_of, repeated_of, warm_of
+from .summary import blas_threads, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
 from .sampler import StackSampler
 from .inputs import vary
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, payload_bytes
@@ -136,6 +136,7 @@ class _Run:
         self.repeated: Repeated | None = None
         self.constant: frozenset[str] = frozenset()
         self.experiments: dict[str, WhatIf] = {}
+        self.data_keys: frozenset[int] = frozenset()  # loads of the request's own data (summary.data_load_keys)
 
     def _left(self) -> float:
         return self.options.max_seconds - (time.perf_counter() - self.started)
@@ -231,6 +232,7 @@ class _Run:
             self.varied = obs
             ok = [w for w in self.warm if w.error is None]
             self.repeated, self.constant = repeated_of(ok, obs)
+            self.data_keys = data_load_keys(ok, obs)
 
     def _concurrent_phase(self) -> None:
         o = self.options
@@ -302,12 +304,10 @@ class _Run:
             m.warm_p90_over_p50 = round(float(np.percentile(ok, 90)) / p50, 2) if p50 > 0 else None
         from ..rules.savings import BUSY_CORES
 
+        # (CPU pressure alone is not taken for a neighbour: it counts the doctor's own callers)
         if m.others_cores is not None and m.others_cores >= BUSY_CORES:
             m.busy = True
             m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy while the doctor measured"
-        elif m.others_cores is None and m.cpu_pressure is not None and m.cpu_pressure >= 0.5:
-            m.busy = True
-            m.why_busy = f"tasks waited for a CPU {m.cpu_pressure:.0%} of the time while the doctor measured"
 
     def _repeat_cold(self) -> None:
         """A first request slow with no load to explain it is one sample: start the endpoint
@@ -315,10 +315,10 @@ class _Run:
         cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
         if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
             return
-        warm = warm_of(self.warm)
-        lazy = (cold.evidence.get("loads", 0) > 0 or cold.evidence.get("params_built", 0) > 0) and warm.loads_per_request < 0.5
-        from ..rules.causes import first_request_slow
+        from ..rules.causes import first_request_slow, loaded_lazily
 
+        warm = warm_of(self.warm, self.data_keys)
+        lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
         if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
             return
         done: list[tuple[float | None, float | None, str | None]] = []
@@ -340,7 +340,7 @@ class _Run:
 
         lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=o.experiment_seconds, tick=lambda phase: self.tick(phase, 0.5))
         self.tick("trying fixes", 0.0)
-        self.experiments = run_experiments(self._evidence(), lab, Seen.from_probes(self.probes, self.constant))
+        self.experiments = run_experiments(self._evidence(), lab, Seen.from_probes(self.probes, self.constant, self.data_keys))
 
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:
@@ -381,7 +381,7 @@ class _Run:
 
     def _evidence(self) -> Evidence:
         """What the run measured, typed: for the experiments, then the rules."""
-        warm = warm_of(self.warm)
+        warm = warm_of(self.warm, self.data_keys)
         if "warm.forwards" in self.missing:
             warm.forwards = Forwards()
         ok_warm = [w for w in self.warm if w.error is None]

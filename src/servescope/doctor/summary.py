@@ -12,7 +12,7 @@ from .attribution import construction_window
 from .endpoints import Observation
 from .evidence import Forwards, Repeated, Warm
 
-__all__ = ["blas_threads", "first_chunk_p50", "forwards_of", "repeated_of", "warm_of"]
+__all__ = ["blas_threads", "data_load_keys", "first_chunk_p50", "forwards_of", "model_loads", "repeated_of", "warm_of"]
 
 
 def first_chunk_p50(ok: list[Observation]) -> float | None:
@@ -95,11 +95,32 @@ def _mean(values: list[float]) -> float:
     return round(statistics.mean(values), 4) if values else 0.0
 
 
-def warm_of(obs: list[Observation]) -> Warm:
+def model_loads(ev: dict[str, Any], data_keys: frozenset[int]) -> list[tuple[str, float]]:
+    """A request's load calls, less those that read the request's own data (``data_keys``:
+    their key changed when the request did)."""
+    calls = ev.get("load_calls", [])
+    keys = ev.get("load_keys", [])
+    if not data_keys or len(keys) != len(calls):
+        return list(calls)
+    return [call for call, key in zip(calls, keys) if key not in data_keys]
+
+
+def data_load_keys(ok: list[Observation], varied: Observation) -> frozenset[int]:
+    """The keys of load calls made with the same arguments in every warm request (the same
+    body) and not in the request with the payload varied: they read the request's data."""
+    per = [{k for k in o.evidence.get("load_keys", []) if k is not None} for o in ok]
+    if not per:
+        return frozenset()
+    return frozenset(set.intersection(*per) - set(varied.evidence.get("load_keys", [])))
+
+
+def warm_of(obs: list[Observation], data_keys: frozenset[int] = frozenset()) -> Warm:
     ok = [o for o in obs if o.error is None]
 
     def per(key: str) -> float:
         return round(statistics.mean(o.evidence.get(key, 0) for o in ok), 3) if ok else 0.0
+
+    loads = [model_loads(o.evidence, data_keys) for o in ok]
 
     return Warm(
         requests=len(obs),
@@ -108,9 +129,10 @@ def warm_of(obs: list[Observation]) -> Warm:
         p90_ms=round(float(np.percentile([o.latency_ms for o in ok], 90)), 4) if ok else None,
         max_ms=round(max(o.latency_ms for o in ok), 4) if ok else None,
         first_chunk_p50_ms=first_chunk_p50(ok),
-        loads_per_request=per("loads"),
-        load_ms_per_request=_mean([sum(ms for _, ms in o.evidence.get("load_calls", [])) for o in ok]),
-        load_calls=sorted({label for o in ok for label, _ in o.evidence.get("load_calls", [])}),
+        loads_per_request=round(statistics.mean(len(c) for c in loads), 3) if loads else 0.0,
+        load_ms_per_request=_mean([sum(ms for _, ms in c) for c in loads]),
+        load_calls=sorted({label for c in loads for label, _ in c}),
+        data_loads_per_request=round(per("loads") - (statistics.mean(len(c) for c in loads) if loads else 0.0), 3),
         constructed_per_request=per("constructed"),
         construct_ms_per_request=_mean([_construct_ms(o.evidence) for o in ok]),
         params_built_per_request=per("params_built"),

@@ -54,8 +54,11 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
         except MissingEvidence as exc:
             out.not_checked[name] = str(exc)
     p50_at = {"c=1": ev.p50_ms}
-    if ev.concurrent is not None and ev.concurrent.p50_ms:
-        p50_at[f"c={ev.concurrent.concurrency}"] = ev.concurrent.p50_ms
+    conc = ev.concurrent
+    if conc is not None and conc.p50_ms:
+        p50_at[f"c={conc.concurrency}"] = conc.p50_ms
+    if conc is not None and conc.first_chunk_p50_ms:  # a streamed answer's, measured to its first chunk
+        p50_at[f"c={conc.concurrency}, first chunk"] = conc.first_chunk_p50_ms
     cap_savings(out.findings, ev.p50_ms, p50_at)
     return out
 
@@ -115,10 +118,11 @@ def _scale(group: list[Finding], budget: float, total: float, p50_ms: float) -> 
             f"Alone it would save about {alone:g} ms; with the other findings' savings it would be more than the "
             f"{p50_ms:.4g} ms request (they overlap), so it is scaled by {factor:.2f}."
         )
-        if f.id in SAVING_RANKED:
-            f.severity = severity(f.saving_ms, p50_ms)
         if f.saving_low_ms is not None and f.saving_high_ms is not None:
             f.saving_low_ms, f.saving_high_ms = round(f.saving_low_ms * factor, 3), round(f.saving_high_ms * factor, 3)
+        if f.id in SAVING_RANKED:  # (a measured saving by the low end of its interval, as the rules rank it)
+            banked = f.saving_ms if f.saving_low_ms is None else min(f.saving_ms, max(f.saving_low_ms, 0.0))
+            f.severity = severity(banked, p50_ms)
 
 
 def diagnose_report(report: Report) -> list[Finding]:

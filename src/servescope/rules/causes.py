@@ -9,6 +9,8 @@ nothing measurable). A rule that needs a measurement the run does not have calls
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 from .savings import BUSY_CORES, measured_or_estimated, severity
@@ -100,6 +102,11 @@ def first_request_slow(first_ms: float, p50_ms: float, warm_max_ms: float | None
     return first_ms >= COLD_RATIO * p50_ms and first_ms - p50_ms >= COLD_EXTRA_MS and first_ms >= COLD_OVER_TAIL * (warm_max_ms or 0.0)
 
 
+def loaded_lazily(cold_loads: int, cold_params_built: int, warm: Any) -> bool:
+    """The first request loaded or built the model, and the warm ones did not."""
+    return (cold_loads > 0 or cold_params_built > 0) and warm.loads_per_request < 0.5 and warm.params_built_per_request == 0
+
+
 def _warmed_ms(ev: Evidence) -> float | None:
     """What a warm-up at start-up would take off the first request: its own time in the
     stages the warm-up runs (loading, the model, the handler's work), beyond a warm request's."""
@@ -149,7 +156,7 @@ def cold_start(ev: Evidence) -> list[Finding]:
     p50 = ev.p50_ms
     if cold.error or not p50:
         return []
-    lazy = (cold.loads > 0 or cold.params_built > 0) and (warm.loads_per_request < 0.5 and warm.params_built_per_request == 0)
+    lazy = loaded_lazily(cold.loads, cold.params_built, warm)
     slow = first_request_slow(cold.latency_ms, p50, warm.max_ms)
     if not (lazy or slow):
         return []

@@ -217,8 +217,8 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     service = 1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width)
     if service < GIL_FLOOR_MS or service < GIL_SHARE * ev.p50_ms:
         return []
-    saving = measured_or_estimated(
-        ev, "processes", estimate_ms=round(service, 3), load=f"c={conc.concurrency}", p50_ms=1000 / conc.throughput_rps,
+    saving = measured_or_estimated(  # (server time per request, not a p50: never added to the p50 savings at c=N)
+        ev, "processes", estimate_ms=round(service, 3), load=f"c={conc.concurrency}, server time", p50_ms=1000 / conc.throughput_rps,
         estimated_from=f"the server time per request now ({1000 / conc.throughput_rps:.3g} ms) against {width} requests at once",
     )  # fmt: skip
     evidence = {

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ..evidence import Evidence, WhatIf
 from ..inputs import fingerprint
 from .lab import Fix, Lab
-from .memo import Patches
+from .memo import patching
 from .seen import Seen
 
 __all__ = ["eval_mode", "inference_mode", "memoise_repeated", "trim_padding"]
@@ -19,9 +19,9 @@ def _wrap_each(targets: list[tuple[Any, str]], make: Callable[[Callable[..., Any
     """A fix's ``apply``: each target's method replaced on the instance by ``make(bound method)``."""
 
     def apply() -> Callable[[], None]:
-        patches = Patches()
-        for obj, name in targets:
-            patches.set(obj, name, make(getattr(obj, name)))
+        with patching() as patches:
+            for obj, name in targets:
+                patches.method(obj, name, make(getattr(obj, name)))
         return patches.undo
 
     return apply
@@ -134,19 +134,19 @@ def memoise_repeated(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     count = [0]
 
     def apply() -> Callable[[], None]:
-        patches = Patches()
-        for fp, (obj, method, inputs_of) in targets.items():
+        with patching() as patches:
+            for fp, (obj, method, inputs_of) in targets.items():
 
-            def remembered(*args: Any, _call: Any = getattr(obj, method), _fp: str = fp, _of: Any = inputs_of, **kwargs: Any) -> Any:
-                if fingerprint(_of(args, kwargs)) != _fp:
-                    return _call(*args, **kwargs)
-                if _fp in memory:
-                    count[0] += 1
-                    return memory[_fp]
-                memory[_fp] = out = _call(*args, **kwargs)
-                return out
+                def remembered(*args: Any, _call: Any = getattr(obj, method), _fp: str = fp, _of: Any = inputs_of, **kwargs: Any) -> Any:
+                    if fingerprint(_of(args, kwargs)) != _fp:
+                        return _call(*args, **kwargs)
+                    if _fp in memory:
+                        count[0] += 1
+                        return memory[_fp]
+                    memory[_fp] = out = _call(*args, **kwargs)
+                    return out
 
-            patches.set(obj, method, remembered)
+                patches.method(obj, method, remembered)
         return patches.undo
 
     return lab.compare(Fix("memoise-repeated", "the repeated call answered from memory", apply, hits=lambda: count[0], release=memory.clear))

@@ -14,7 +14,7 @@ def memoise_loaders(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     warm = ev.warm
     if warm is None or not (warm.loads_per_request >= 0.5 or (warm.constructed_per_request >= 1 and warm.params_built_per_request > 0)):
         return None
-    memo = Memo(seen.model_types)
+    memo = Memo(seen.model_types, seen.data_keys)
     return lab.compare(
         Fix(
             "memoise-loaders",

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ..evidence import Evidence, WhatIf
 from .lab import Fix, Lab
-from .memo import Patches
+from .memo import patching
 from .seen import Seen
 
 __all__ = ["off_the_loop"]
@@ -26,19 +26,25 @@ def off_the_loop(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         return None
     endpoint = lab.endpoint
     streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
-    apply, how = _applier(endpoint, streamed)
+    count = [0]
+    apply, how = _applier(endpoint, streamed, count)
     if apply is None:
         return WhatIf(fix="the handler on a worker thread", concurrency=conc.concurrency, why_not=how)
-    return lab.compare(Fix("off-the-loop", how, apply), concurrency=conc.concurrency)
+    note = (
+        "the work on the loop is not in an `async def` endpoint or generator it can move (a `def` endpoint's response "
+        "is encoded on the loop by the framework; routes under a Mount or in middleware are not reached)"
+    )
+    return lab.compare(Fix("off-the-loop", how, apply, hits=lambda: count[0], note=note), concurrency=conc.concurrency)
 
 
-def _applier(endpoint: Any, streamed: bool) -> tuple[Callable[[], Callable[[], None]] | None, str]:
+def _applier(endpoint: Any, streamed: bool, count: list[int]) -> tuple[Callable[[], Callable[[], None]] | None, str]:
     if getattr(endpoint, "kind", "") == "function":
         if not getattr(endpoint, "is_async", False):
             return None, "the handler is not `async def`"
 
         def on_threads() -> Callable[[], None]:
             endpoint.off_loop = True
+            count[0] += 1
             return lambda: setattr(endpoint, "off_loop", False)
 
         return on_threads, "the `async def` handler run on a worker thread, each call with an event loop of its own"
@@ -46,26 +52,27 @@ def _applier(endpoint: Any, streamed: bool) -> tuple[Callable[[], Callable[[], N
     if app is None or getattr(endpoint, "kind", "") != "asgi":
         return None, "the app has no event loop of its own to move work off (WSGI)"
     if streamed:
-        return _stream_steps(), "each step of the streamed answer's `async` generator run on a worker thread (its own event loop)"
+        return _stream_steps(count), "each step of the streamed answer's `async` generator run on a worker thread (its own event loop)"
     routing = sys.modules.get("fastapi.routing")
     if routing is not None and type(app).__module__.startswith("fastapi"):
-        return _fastapi(routing), "the `async def` endpoint run on Starlette's thread pool (as a plain `def` endpoint is)"
-    return _starlette(app), "the `async def` endpoint run on a worker thread (the body read first, on the loop)"
+        return _fastapi(routing, count), "the `async def` endpoint run on Starlette's thread pool (as a plain `def` endpoint is)"
+    return _starlette(app, count), "the `async def` endpoint run on a worker thread (the body read first, on the loop)"
 
 
-def _fastapi(routing: Any) -> Callable[[], Callable[[], None]]:
+def _fastapi(routing: Any, count: list[int]) -> Callable[[], Callable[[], None]]:
     from starlette.concurrency import run_in_threadpool
 
     original = routing.run_endpoint_function
 
     async def off_loop(*, dependant: Any, values: dict[str, Any], is_coroutine: bool) -> Any:
         if is_coroutine:
+            count[0] += 1
             return await run_in_threadpool(lambda: asyncio.run(dependant.call(**values)))
         return await original(dependant=dependant, values=values, is_coroutine=is_coroutine)
 
     def apply() -> Callable[[], None]:
-        patches = Patches()
-        patches.set(routing, "run_endpoint_function", off_loop)
+        with patching() as patches:
+            patches.set(routing, "run_endpoint_function", off_loop)
         return patches.undo
 
     return apply
@@ -117,40 +124,42 @@ def _off_loop(content: Any) -> Any:
     return stepped()
 
 
-def _stream_steps() -> Callable[[], Callable[[], None]]:
+def _stream_steps(count: list[int]) -> Callable[[], Callable[[], None]]:
     from starlette.responses import StreamingResponse
 
     original = StreamingResponse.__init__
 
     def init(self: Any, content: Any, *args: Any, **kwargs: Any) -> None:
         if hasattr(content, "__aiter__"):
+            count[0] += 1
             content = _off_loop(content)
         original(self, content, *args, **kwargs)
 
     def apply() -> Callable[[], None]:
-        patches = Patches()
-        patches.set(StreamingResponse, "__init__", init)
+        with patching() as patches:
+            patches.set(StreamingResponse, "__init__", init)
         return patches.undo
 
     return apply
 
 
-def _starlette(app: Any) -> Callable[[], Callable[[], None]]:
+def _starlette(app: Any, count: list[int]) -> Callable[[], Callable[[], None]]:
     from starlette.concurrency import run_in_threadpool
     from starlette.routing import Route, request_response
 
     def offloaded(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         async def run(request: Any) -> Any:
+            count[0] += 1
             await request.body()  # read on the server's loop: the handler's own reads find it there
             return await run_in_threadpool(lambda: asyncio.run(endpoint(request)))
 
         return run
 
     def apply() -> Callable[[], None]:
-        patches = Patches()
-        for route in getattr(app, "routes", []) or []:
-            if isinstance(route, Route) and asyncio.iscoroutinefunction(route.endpoint):
-                patches.set(route, "app", request_response(offloaded(route.endpoint)))
+        with patching() as patches:
+            for route in getattr(app, "routes", []) or []:
+                if isinstance(route, Route) and asyncio.iscoroutinefunction(route.endpoint):
+                    patches.set(route, "app", request_response(offloaded(route.endpoint)))
         return patches.undo
 
     return apply

@@ -16,16 +16,16 @@ came before in the same request (two ``nn.Linear(512, 512)`` in one model are tw
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
 import os
 import sys
 import threading
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from ..context import current_evidence
+from ..keys import key_of
 
-__all__ = ["Memo", "Patches", "key_of", "user_modules"]
+__all__ = ["Memo", "Patches", "key_of", "patching", "user_modules"]
 
 #: (module, function, label) of the loaders that are plain functions.
 LOADER_FUNCTIONS = (
@@ -34,7 +34,6 @@ LOADER_FUNCTIONS = (
     ("safetensors.torch", "load_file", "safetensors.load_file"),
     ("joblib", "load", "joblib.load"),
     ("pickle", "load", "pickle.load"),
-    ("pickle", "loads", "pickle.loads"),
     ("transformers", "pipeline", "transformers.pipeline"),
 )
 #: packages whose classes' ``from_pretrained`` classmethods are loaders
@@ -45,74 +44,10 @@ LOADER_CLASSES = (
     ("sentence_transformers", "CrossEncoder"),
     ("onnxruntime", "InferenceSession"),
 )
-_SLICES, _SLICE = 32, 2048
-
-
-def _digest(data: Any) -> str:
-    """Big bytes by their length and a sample (32 slices of 2 KiB, spread over them: tens of
-    microseconds, where hashing a 100 MB checkpoint whole would cost more than loading it)."""
-    with memoryview(data) as raw:
-        view = raw.cast("B")
-        h = hashlib.blake2b(digest_size=12)
-        n = len(view)
-        if n <= _SLICES * _SLICE:
-            h.update(view)
-        else:
-            for i in range(_SLICES):
-                at = (n - _SLICE) * i // (_SLICES - 1)
-                h.update(view[at : at + _SLICE])
-        view.release()
-    return f"{n}:{h.hexdigest()}"
-
-
-def key_of(x: Any, depth: int = 0) -> Any:
-    """A hashable key for a loader's argument that is the same for the same content."""
-    if depth > 6:
-        return ("deep", id(x))
-    if x is None or isinstance(x, (bool, int, float)):
-        return x
-    if isinstance(x, str):
-        try:
-            st = os.stat(x) if len(x) < 4096 and os.sep in x or os.path.exists(x) else None
-        except (OSError, ValueError):
-            st = None
-        return (x, st.st_size, st.st_mtime_ns) if st is not None else x
-    if isinstance(x, os.PathLike):
-        return key_of(os.fspath(x), depth + 1)
-    if isinstance(x, (bytes, bytearray, memoryview)):
-        return ("bytes", _digest(x))
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, tuple(key_of(v, depth + 1) for v in x))
-    if isinstance(x, dict):
-        return ("dict", tuple(sorted(((repr(k), key_of(v, depth + 1)) for k, v in x.items()), key=lambda kv: kv[0])))
-    if isinstance(x, io.BytesIO):
-        buf = x.getbuffer()
-        try:
-            return ("BytesIO", x.tell(), _digest(buf))
-        finally:
-            buf.release()  # (an export left open would stop the buffer from growing)
-    if hasattr(x, "read") and isinstance(getattr(x, "name", None), str):  # an open file
-        try:
-            return ("file", key_of(x.name, depth + 1), x.tell())
-        except (OSError, ValueError):
-            return ("id", id(x))
-    mod = type(x).__module__
-    if mod.startswith("torch") and type(x).__name__ in ("device", "dtype"):
-        return str(x)
-    cls = type(x)
-    if cls.__hash__ is not None and cls.__hash__ is not object.__hash__ and cls.__eq__ is not object.__eq__:
-        try:
-            hash(x)
-            return ("eq", x)
-        except TypeError:
-            pass
-    d = getattr(x, "__dict__", None)
-    return ("obj", id(d)) if isinstance(d, dict) else ("id", id(x))
-
-
 def user_modules() -> list[Any]:
     """The modules of the user's own code (not the standard library, site-packages or servescope)."""
-    skip = tuple({os.path.dirname(os.__file__), sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(__file__))})
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # servescope/
+    skip = tuple({os.path.dirname(os.__file__), sys.prefix, sys.base_prefix, ours})
     out = []
     for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
@@ -128,12 +63,24 @@ class Patches:
         self._undo: list[Callable[[], None]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
-        if name in vars(owner):
-            old = vars(owner)[name]
-            self._undo.append(lambda: setattr(owner, name, old))
-        else:
-            self._undo.append(lambda: delattr(owner, name))
-        setattr(owner, name, value)
+        had, old = name in vars(owner), vars(owner).get(name)
+        setattr(owner, name, value)  # (its undo is kept only once it is done)
+        self._undo.append((lambda: setattr(owner, name, old)) if had else (lambda: delattr(owner, name)))
+
+    def method(self, obj: Any, name: str, value: Callable[..., Any]) -> None:
+        """``obj.name`` replaced for this one object: on the instance, or, for a special method
+        (which Python looks up on the type: ``pipe(x)`` calls ``type(pipe).__call__``), on its
+        type, for that object alone (any other instance calls the original)."""
+        if not (name.startswith("__") and name.endswith("__")):
+            self.set(obj, name, value)
+            return
+        cls = type(obj)
+        original = getattr(cls, name)
+
+        def dispatch(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            return value(*args, **kwargs) if self_ is obj else original(self_, *args, **kwargs)
+
+        self.set(cls, name, dispatch)
 
     def rebind(self, original: Any, value: Any) -> None:
         """Also where the user's own modules hold the original (``from joblib import load``)."""
@@ -143,16 +90,37 @@ class Patches:
                     self.set(mod, name, value)
 
     def undo(self) -> None:
+        """Every patch put back, the last first; one that cannot be does not stop the others."""
+        failed: BaseException | None = None
         while self._undo:
-            self._undo.pop()()
+            try:
+                self._undo.pop()()
+            except Exception as exc:  # noqa: BLE001 - the rest must still be put back
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+
+@contextmanager
+def patching() -> Iterator[Patches]:
+    """Patches made in the block, all undone if the block fails part-way."""
+    patches = Patches()
+    try:
+        yield patches
+    except BaseException:
+        patches.undo()
+        raise
 
 
 class Memo:
     """The memory of one experiment: kept across its blocks, released at its end."""
 
-    def __init__(self, model_types: list[type]) -> None:
+    def __init__(self, model_types: list[type], data_keys: frozenset[int] = frozenset()) -> None:
         self.model_types = model_types
+        #: keys (``hash`` of a call's arguments) of loader calls that read the request's own data
+        self.data_keys = data_keys
         self.cache: dict[Any, Any] = {}
+        self._alive: set[int] = set()  # ids of what the memo keeps (so their ids stay theirs)
         self.hit_count = 0
         self._local = threading.local()
         self._fallback_counts: dict[Any, int] = {}
@@ -160,12 +128,24 @@ class Memo:
 
     # -- keys --------------------------------------------------------------------------------
     def _key(self, label: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        base = (label, key_of(args), key_of(kwargs))
+        """The call's key, or None when it must run as written: an argument known only by
+        identity that the memo does not keep alive (a new object per request may reuse a freed
+        one's address), or a loader reading the request's own data (its key changed when the
+        request did, ``data_keys``)."""
+        ids: list[int] = []
+        base = (label, key_of(args, ids=ids), key_of(kwargs, ids=ids))
+        if any(i not in self._alive for i in ids) or hash(base[1:]) in self.data_keys:
+            return None
         ev = current_evidence()
         counts = ev.setdefault("memo_counts", {}) if ev is not None else self._fallback_counts
         n = counts.get(base, 0)
         counts[base] = n + 1
         return (*base, n)
+
+    def _keep(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self.cache.setdefault(key, value)
+            self._alive.update((id(value), id(getattr(value, "__dict__", None))))
 
     def _outermost(self) -> bool:
         return getattr(self._local, "depth", 0) == 0
@@ -188,14 +168,15 @@ class Memo:
             try:
                 key = memo._key(label, args, kwargs)
             except Exception:  # an argument that cannot be keyed: the call as written
+                key = None
+            if key is None:
                 return original(*args, **kwargs)
             with memo._lock:
                 if key in memo.cache:
                     memo.hit_count += 1
                     return memo.cache[key]
             out = memo._inside(lambda: original(*args, **kwargs))
-            with memo._lock:
-                memo.cache.setdefault(key, out)
+            memo._keep(key, out)
             return out
 
         return remembered
@@ -210,6 +191,8 @@ class Memo:
             try:
                 key = memo._key(label + "." + type(self_).__qualname__, args, kwargs)
             except Exception:
+                key = None
+            if key is None:
                 return original(self_, *args, **kwargs)
             with memo._lock:
                 first = memo.cache.get(key)
@@ -219,8 +202,7 @@ class Memo:
                     memo.hit_count += 1
                 return None
             memo._inside(lambda: original(self_, *args, **kwargs))
-            with memo._lock:
-                memo.cache.setdefault(key, self_)
+            memo._keep(key, self_)
             return None
 
         return remembered
@@ -228,11 +210,10 @@ class Memo:
     def load_state_dict(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """Loading a remembered state dict into a remembered module again changes nothing."""
         memo = self
-        remembered_ids = lambda: {id(v) for v in memo.cache.values()}  # noqa: E731
 
         @functools.wraps(original)
         def load(self_: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-            if not memo._outermost() or id(state_dict) not in remembered_ids():
+            if not memo._outermost() or id(state_dict) not in memo._alive or id(self_.__dict__) not in memo._alive:
                 return original(self_, state_dict, *args, **kwargs)
             key = ("load_state_dict", id(self_.__dict__), id(state_dict), key_of(args), key_of(kwargs))
             with memo._lock:
@@ -240,33 +221,33 @@ class Memo:
                     memo.hit_count += 1
                     return memo.cache[key]
             out = memo._inside(lambda: original(self_, state_dict, *args, **kwargs))
-            with memo._lock:
-                memo.cache[key] = out
+            memo._keep(key, out)
             return out
 
         return load
 
     # -- apply -------------------------------------------------------------------------------
     def apply(self) -> Callable[[], None]:
-        patches = Patches()
-        for module, name, label in LOADER_FUNCTIONS:
-            mod = sys.modules.get(module)
-            original = getattr(mod, name, None) if mod is not None else None
-            if callable(original):
-                wrapped = self.function(original, label)
-                patches.set(mod, name, wrapped)
-                patches.rebind(original, wrapped)
-        for cls in _pretrained_classes():
-            raw = vars(cls)["from_pretrained"]
-            patches.set(cls, "from_pretrained", classmethod(self.function(raw.__func__, f"{cls.__qualname__}.from_pretrained")))
-        classes = [getattr(sys.modules[m], c, None) for m, c in LOADER_CLASSES if m in sys.modules]
-        for cls in [c for c in classes if isinstance(c, type)] + [t for t in self.model_types if t not in classes]:
-            own = vars(cls).get("__init__")
-            original = own if own is not None else _inherited_init(cls)
-            patches.set(cls, "__init__", self.constructor(original, cls.__module__))
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            patches.set(torch.nn.Module, "load_state_dict", self.load_state_dict(torch.nn.Module.load_state_dict))
+        with patching() as patches:
+            for module, name, label in LOADER_FUNCTIONS:
+                mod = sys.modules.get(module)
+                # (looked up in the module's own namespace: a lazy package is not made to import)
+                original = vars(mod).get(name) if mod is not None else None
+                if callable(original):
+                    wrapped = self.function(original, label)
+                    patches.set(mod, name, wrapped)
+                    patches.rebind(original, wrapped)
+            for cls in _pretrained_classes():
+                raw = vars(cls)["from_pretrained"]
+                patches.set(cls, "from_pretrained", classmethod(self.function(raw.__func__, f"{cls.__qualname__}.from_pretrained")))
+            classes = [vars(sys.modules[m]).get(c) for m, c in LOADER_CLASSES if m in sys.modules]
+            for cls in [c for c in classes if isinstance(c, type)] + [t for t in self.model_types if t not in classes]:
+                own = vars(cls).get("__init__")
+                original = own if own is not None else _inherited_init(cls)
+                patches.set(cls, "__init__", self.constructor(original, cls.__module__))
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                patches.set(torch.nn.Module, "load_state_dict", self.load_state_dict(torch.nn.Module.load_state_dict))
         return patches.undo
 
     def hits(self) -> int:
@@ -275,6 +256,7 @@ class Memo:
     def release(self) -> None:
         with self._lock:
             self.cache.clear()
+            self._alive.clear()
 
 
 def _inherited_init(cls: type) -> Callable[..., None]:

@@ -20,9 +20,11 @@ class Seen:
     constant: frozenset[str] = frozenset()
     #: model classes the requests built
     model_types: list[type] = field(default_factory=list)
+    #: keys of loader calls that read the request's own data (never answered from memory)
+    data_keys: frozenset[int] = frozenset()
 
     @classmethod
-    def from_probes(cls, probes: Any, constant: frozenset[str]) -> Seen:
+    def from_probes(cls, probes: Any, constant: frozenset[str], data_keys: frozenset[int] = frozenset()) -> Seen:
         owners = {}
         for fp, (ref, method, inputs_of) in list(probes.owners.items()):
             obj = ref()
@@ -34,4 +36,5 @@ class Seen:
             owners=owners,
             constant=constant,
             model_types=list(probes.model_types),
+            data_keys=data_keys,
         )

@@ -5,7 +5,8 @@ machine, workers beside this one), tried on the endpoint as written.
 endpoint's own worker threads keep the size they started with. So while applied, the model
 call runs on one thread of the experiment's own, whose pool is the size tried, and the
 caller waits for it (the hand-off costs tens of microseconds: against the fix, not for it).
-The endpoint's threads are never changed.
+Setting that thread's size also sets the default of threads made later: it is put back as
+soon as the thread has started, so the endpoint's threads, old and new, are never changed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Callable
 
 from ..evidence import Evidence, WhatIf
 from .lab import Fix, Lab
-from .memo import Patches
+from .memo import patching
 from .seen import Seen
 
 __all__ = ["fewer_threads", "thread_target"]
@@ -42,7 +43,14 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     targets += [(m, "forward") for m in seen.modules if id(m) not in {id(o) for o, _ in targets}]
     if not targets:
         return None
-    pool = ThreadPoolExecutor(1, thread_name_prefix="servescope-threads", initializer=lambda: torch.set_num_threads(target))
+    before = torch.get_num_threads()
+    def sized() -> None:
+        torch.set_num_threads(target)
+        torch.get_num_threads()  # (this thread's pool is settled now, before the default goes back)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="servescope-threads", initializer=sized)
+    pool.submit(lambda: None).result()  # its thread starts now, sized to the target ...
+    torch.set_num_threads(before)  # ... and the default new threads get is put back at once
     count = [0]
 
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
@@ -59,9 +67,9 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         return on_fewer_threads
 
     def apply() -> Callable[[], None]:
-        patches = Patches()
-        for obj, method in targets:
-            patches.set(obj, method, make(getattr(obj, method)))
+        with patching() as patches:
+            for obj, method in targets:
+                patches.method(obj, method, make(getattr(obj, method)))
         return patches.undo
 
     return lab.compare(
