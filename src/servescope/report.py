@@ -76,7 +76,7 @@ class Finding:
     #: who pays ``saving_ms``: "request" (every request) or "first request" (once, at start)
     saving_per: str = "request"
     #: "measured" (the doctor tried the fix on the endpoint: saving_low_ms..saving_high_ms is
-    #: its 95% interval) or "estimated" (from what ``detail`` says); "" for no saving
+    #: its interval) or "estimated" (from what ``detail`` says); "" for no saving
     saving_basis: str = ""
     saving_low_ms: float | None = None
     saving_high_ms: float | None = None

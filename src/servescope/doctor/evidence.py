@@ -187,8 +187,9 @@ class Environment:
 class WhatIf:
     """One fix tried on the running endpoint: blocks of requests with the fix applied (B)
     interleaved with blocks of the unchanged endpoint (A), the same body, at ``concurrency``
-    callers; ``saving_ms`` is the mean of the paired differences of the blocks' medians (A - B),
-    with its 95% interval. Not tried (``tried`` False) says why in ``why_not``."""
+    callers; ``saving_ms`` is the Hodges-Lehmann estimate of the paired differences of the
+    blocks' medians (A - B), with its Wilcoxon interval ``low_ms``-``high_ms`` at ``coverage``
+    (95% from six pairs; less with fewer, said). Not tried (``tried`` False) says why in ``why_not``."""
 
     fix: str = ""
     tried: bool = False
@@ -204,6 +205,8 @@ class WhatIf:
     saving_ms: float | None = None
     low_ms: float | None = None
     high_ms: float | None = None
+    coverage: float | None = None
+    pair_diffs_ms: list[float] = field(default_factory=list)  # each pair's A - B, in the order run
     base_rps: float | None = None
     fixed_rps: float | None = None
     #: how the answers compared: "same", "same within float noise", "differ" (expected by the

@@ -1,6 +1,6 @@
 """Keys for a call's arguments that are the same for the same content: a path with its size
-and time, bytes and buffers by a sample of their content, objects by value where they compare
-by value and by identity otherwise. The probes key each loader call with them (is it the
+and time, bytes and buffers by a sample of their content, classes, modules and functions by name, objects by value
+where they compare by value and by identity otherwise. The probes key each loader call with them (is it the
 same call every request, or does it read the request's own data?), and the memo answers a
 call from memory by them (experiments/memo.py)."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import types
 from typing import Any
 
 __all__ = ["key_of"]
@@ -68,6 +69,12 @@ def key_of(x: Any, depth: int = 0, ids: list[int] | None = None) -> Any:
             return ("file", key_of(x.name, depth + 1), x.tell())
         except (OSError, ValueError):
             pass
+    if isinstance(x, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        # classes, modules and functions live as long as the program (``AutoTokenizer`` is the
+        # first argument of ``AutoTokenizer.from_pretrained``): by name, with no need to be kept
+        name = getattr(x, "__qualname__", None) or getattr(x, "__name__", "")
+        owner = getattr(x, "__self__", None)
+        return ("def", getattr(x, "__module__", None), name, id(x), None if owner is None else key_of(owner, depth + 1, ids))
     mod = type(x).__module__
     if mod.startswith("torch") and type(x).__name__ in ("device", "dtype"):
         return str(x)

@@ -86,7 +86,8 @@ def measured_or_estimated(
 def _measured(w: WhatIf, experiment: str) -> Saving:
     load = f"c={w.concurrency}" + (", first chunk" if w.measure == "first chunk" else "")
     saving = max(w.saving_ms or 0.0, 0.0)
-    interval = f" (95% interval {_ms(w.low_ms)} to {_ms(w.high_ms)} ms)" if w.low_ms is not None and w.high_ms is not None else ""
+    level = f"{w.coverage:.0%}" if w.coverage is not None else "95%"
+    interval = f" ({level} interval {_ms(w.low_ms)} to {_ms(w.high_ms)} ms)" if w.low_ms is not None and w.high_ms is not None else ""
     rate = ""
     if w.base_rps and w.fixed_rps:
         rate = f"; throughput {w.base_rps:g} -> {w.fixed_rps:g} req/s ({w.fixed_rps / w.base_rps:.2f}x)"

@@ -285,7 +285,7 @@ def batch_calls(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         return sum(b.merged for b in batchers)
 
     out = lab.compare(
-        Fix("batching", words, apply, hits=merged, note="no two calls ever arrived together with inputs that line up"),
+        Fix("batching", words, apply, hits=merged, no_effect="no two calls ever arrived together with inputs that line up"),
         concurrency=conc.concurrency,
     )
     if out.tried:  # (a lone call never merges: what was checked is the first merged call)

@@ -6,7 +6,8 @@
 Blocks of requests with the fix applied (B) alternate with blocks of the unchanged endpoint
 (A), in the order A B B A A B ..., with the same body, so the machine's drift (a neighbour
 starting, a CPU's clock) falls on both arms alike. Each pair of blocks gives one difference
-of their medians; the saving is the mean of those differences with its 95% interval (t).
+of their medians; the saving is their Hodges-Lehmann estimate (the median of the pairwise
+means: one block a neighbour slowed does not move it) with its Wilcoxon signed-rank interval.
 The fix is applied only for its own blocks: between them, and after, the endpoint runs
 exactly as written. A fix is abandoned, and reported as not tried with the reason, when a
 request fails with it, when its answers differ from the unchanged endpoint's (beyond float
@@ -15,7 +16,6 @@ noise), or when it holds more memory than ``memory_bound_mb``.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
@@ -27,17 +27,33 @@ from ...environment import CpuReading
 from ..evidence import WhatIf
 from .answers import Answers
 
-__all__ = ["Abandon", "Fix", "Lab", "t95"]
+__all__ = ["Abandon", "Fix", "Lab", "paired_saving"]
 
-#: Two-sided 95% quantiles of Student's t by degrees of freedom (then 1.96).
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09}
+def _signed_rank_cdf(n: int) -> list[float]:
+    """P(W <= w) for Wilcoxon's signed-rank statistic of ``n`` pairs, w = 0 .. n(n+1)/2."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    for r in range(1, n + 1):
+        for w in range(len(counts) - 1, r - 1, -1):
+            counts[w] += counts[w - r]
+    total, acc, out = 2**n, 0, []
+    for c in counts:
+        acc += c
+        out.append(acc / total)
+    return out
 
 
-def t95(df: int) -> float:
-    if df <= 0:
-        return math.inf
-    known = [k for k in _T95 if k <= df]
-    return _T95[max(known)] if df <= 20 else 1.96
+def paired_saving(diffs: list[float]) -> tuple[float, float, float, float]:
+    """(estimate, low, high, coverage) of the typical paired difference: the Hodges-Lehmann
+    estimate with its Wilcoxon interval at 95% where the pairs allow it; with under six
+    pairs no interval reaches 95%, and the widest one (the smallest and largest pairwise
+    means) is given with the coverage it has (3 pairs: 75%)."""
+    n = len(diffs)
+    walsh = sorted((diffs[i] + diffs[j]) / 2 for i in range(n) for j in range(i, n))
+    est = statistics.median(walsh)
+    cdf = _signed_rank_cdf(n)
+    k = max((w for w, p in enumerate(cdf) if p <= 0.025), default=0)  # pairwise means cut from each end
+    coverage = 1 - 2 * cdf[k]
+    return est, walsh[k], walsh[len(walsh) - 1 - k], coverage
 
 
 class Abandon(Exception):
@@ -59,7 +75,7 @@ class Fix:
     same_answers: bool = True
     hits: Callable[[], int] | None = None
     release: Callable[[], None] | None = None
-    note: str = ""
+    no_effect: str = ""  # why it may never take effect (said only when it did not)
 
 
 def _rss_mb() -> float | None:
@@ -127,7 +143,7 @@ class Lab:
     # -- one fix -----------------------------------------------------------------------------
     def compare(self, fix: Fix, *, concurrency: int = 1, requests: int | None = None) -> WhatIf:
         """Measure ``fix`` at ``concurrency`` callers (``requests`` per block when > 1)."""
-        out = WhatIf(fix=fix.words, concurrency=concurrency, note=fix.note)
+        out = WhatIf(fix=fix.words, concurrency=concurrency)
         if self.left() < 1.0:
             out.why_not = "the doctor's time for experiments ran out before this one"
             return out
@@ -182,20 +198,20 @@ class Lab:
                 self.tick(f"trying a fix: {fix.words}")
             pairs += 1
         diffs = [a - b for a, b in zip(a_meds, b_meds)]
-        mean = statistics.mean(diffs)
-        half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
+        est, low, high, coverage = paired_saving(diffs)
+        out.pair_diffs_ms = [round(d, 3) for d in diffs]
         out.tried = True
         out.pairs, out.requests = pairs, len(b_all)
         out.base_p50_ms, out.fixed_p50_ms = round(statistics.median(a_all), 3), round(statistics.median(b_all), 3)
-        out.saving_ms = round(mean, 3)
-        out.low_ms, out.high_ms = (round(mean - half, 3), round(mean + half, 3)) if math.isfinite(half) else (None, None)
+        out.saving_ms, out.low_ms, out.high_ms = round(est, 3), round(low, 3), round(high, 3)
+        out.coverage = round(coverage, 3)
         if a_rps and b_rps:
             out.base_rps, out.fixed_rps = round(statistics.median(a_rps), 2), round(statistics.median(b_rps), 2)
         out.answers = answers.verdict()
         if fix.hits is not None:
             out.hits = fix.hits()
             if out.hits == 0:
-                raise Abandon("the fix never took effect: " + (fix.note or "no call it changes was made"))
+                raise Abandon("the fix never took effect: " + (fix.no_effect or "no call it changes was made"))
 
     def _block(self, fix: Fix | None, n: int, answers: Answers) -> tuple[list[float], None]:
         undo = fix.apply() if fix is not None else None

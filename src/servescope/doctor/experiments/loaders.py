@@ -22,6 +22,6 @@ def memoise_loaders(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
             memo.apply,
             hits=memo.hits,
             release=memo.release,
-            note="no loader or constructor was called again with the same arguments",
+            no_effect="no loader or constructor was called again with the same arguments",
         )
     )

@@ -34,7 +34,7 @@ def off_the_loop(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         "the work on the loop is not in an `async def` endpoint or generator it can move (a `def` endpoint's response "
         "is encoded on the loop by the framework; routes under a Mount or in middleware are not reached)"
     )
-    return lab.compare(Fix("off-the-loop", how, apply, hits=lambda: count[0], note=note), concurrency=conc.concurrency)
+    return lab.compare(Fix("off-the-loop", how, apply, hits=lambda: count[0], no_effect=note), concurrency=conc.concurrency)
 
 
 def _applier(endpoint: Any, streamed: bool, count: list[int]) -> tuple[Callable[[], Callable[[], None]] | None, str]:
