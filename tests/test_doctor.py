@@ -52,7 +52,7 @@ def exit_code(args):
     [
         ("nope.py:predict", '{"x": 1}', "does not exist"),
         ("{file}:missing", '{"x": 1}', "has no 'missing'"),
-        ("{file}:NUMBER", '{"x": 1}', "neither a callable handler nor an ASGI/WSGI app"),
+        ("{file}:NUMBER", '{"x": 1}', "neither a callable handler, an ASGI/WSGI app nor a servescope.Model"),
         ("{file}:predict", "{not json", "is not valid JSON"),
         ("{file}", '{"x": 1}', "must look like path/to/file.py:name"),
         ("{broken}:predict", '{"x": 1}', "importing"),
@@ -72,8 +72,11 @@ def test_bad_targets_and_payloads_are_one_line_and_exit_2(tmp_path, capsys, targ
 
 
 def test_missing_payload_is_one_line(tmp_path, capsys):
-    assert exit_code(["doctor", "x.py:f"]) == 2
-    assert "--body" in capsys.readouterr().err
+    handler = tmp_path / "handler.py"
+    handler.write_text("def predict(payload):\n    return payload\n")
+    assert exit_code(["doctor", f"{handler}:predict"]) == 2
+    err = capsys.readouterr().err
+    assert "--body" in err and len(err.strip().splitlines()) == 1
 
 
 # -- the verdict, the probes' manners ---------------------------------------------------------

@@ -23,7 +23,7 @@ import orjson
 from .exceptions import ConfigError
 
 __all__ = [
-    "MAX_DATA_BYTES", "MAX_DATA_LINES", "MAX_DOCTOR_BYTES", "content_type_of", "multipart_form", "read_body", "read_json",
+    "MAX_DATA_BYTES", "MAX_DATA_LINES", "MAX_DOCTOR_BYTES", "content_type_of", "multipart_body", "multipart_form", "read_body", "read_json",
     "read_jsonl",
 ]  # fmt: skip
 
@@ -113,17 +113,20 @@ def _quoted(text: str) -> str:
 def multipart_form(files: list[tuple[str, str | Path]]) -> tuple[bytes, str]:
     """A ``multipart/form-data`` body with each ``(field, path)`` as a file upload, as a browser
     or ``curl -F field=@path`` sends it, and its Content-Type (with the boundary)."""
-    parts = []
-    for field, path in files:
-        data = read_body(path)
-        filename = Path(path).name
+    return multipart_body([(field, Path(path).name, read_body(path)) for field, path in files])
+
+
+def multipart_body(parts: list[tuple[str, str, bytes]]) -> tuple[bytes, str]:
+    """The ``multipart/form-data`` body of ``(field, file name, content)`` uploads, and its Content-Type."""
+    heads = []
+    for field, filename, data in parts:
         ctype = mimetypes.guess_type(filename)[0] or "application/octet-stream"
         head = f'Content-Disposition: form-data; name="{_quoted(field)}"; filename="{_quoted(filename)}"\r\nContent-Type: {ctype}'
-        parts.append((head.encode("utf-8"), data))
+        heads.append((head.encode("utf-8"), data))
     while True:  # a boundary that no file holds
         boundary = f"servescope-{secrets.token_hex(16)}"
         marker = b"--" + boundary.encode()
-        if not any(marker in data for _, data in parts):
+        if not any(marker in data for _, data in heads):
             break
-    body = b"".join(marker + b"\r\n" + head + b"\r\n\r\n" + data + b"\r\n" for head, data in parts) + marker + b"--\r\n"
+    body = b"".join(marker + b"\r\n" + head + b"\r\n\r\n" + data + b"\r\n" for head, data in heads) + marker + b"--\r\n"
     return body, f"multipart/form-data; boundary={boundary}"

@@ -45,20 +45,13 @@ def share(text: str) -> float:
     return out
 
 
-def file_field(text: str) -> tuple[str, str]:
-    field, sep, path = text.partition("=")
-    if not sep or not field or not path:
-        raise argparse.ArgumentTypeError(f"expected FIELD=PATH (e.g. image=cat.jpg), got {text!r}")
-    return field, path.removeprefix("@")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the endpoint, e.g. http://127.0.0.1:8000/predict")
     parser.add_argument("-X", "--method", default=None, help="HTTP method (default GET, or POST with a body)")
     common.add_body(parser, many=True)
     parser.add_argument("--data", metavar="FILE.jsonl", help="request bodies, one JSON value a line (with --openai: one prompt a line); latency by input size when they differ")
     parser.add_argument("--order", choices=["cycle", "random"], default="cycle", help="the bodies (--body, --data, --prompt) in order, again and again (cycle, the default), or each pass shuffled (random, seeded by --seed)")
-    parser.add_argument("--file", metavar="FIELD=PATH", action="append", default=[], type=file_field, help="upload PATH as form field FIELD (multipart/form-data, as curl -F FIELD=@PATH); repeatable")
+    common.add_file(parser)
     parser.add_argument("--openai", action="store_true", help="an OpenAI-compatible URL (/v1/chat/completions or /v1/completions): streamed requests built from --prompt or --data, output tokens counted (docs/bench.md)")
     parser.add_argument("--model", metavar="NAME", help="with --openai: the model (default: the first the server lists at /v1/models)")
     parser.add_argument("--prompt", metavar="TEXT", action="append", default=[], help="with --openai: a prompt; repeat to cycle several")

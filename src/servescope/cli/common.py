@@ -128,6 +128,21 @@ def add_body(parser: argparse.ArgumentParser, *, many: bool, old: str | None = N
         parser.add_argument(old, dest="body", metavar="FILE", action=Deprecated, new="--body", help=argparse.SUPPRESS)
 
 
+def file_field(text: str) -> tuple[str, str]:
+    field, sep, path = text.partition("=")
+    if not sep or not field or not path:
+        raise argparse.ArgumentTypeError(f"expected FIELD=PATH (e.g. image=cat.jpg), got {text!r}")
+    return field, path.removeprefix("@")
+
+
+def add_file(parser: argparse.ArgumentParser) -> None:
+    """``--file FIELD=PATH``: a form upload, as ``curl -F FIELD=@PATH``."""
+    parser.add_argument(
+        "--file", metavar="FIELD=PATH", action="append", default=[], type=file_field,
+        help="upload PATH as form field FIELD (multipart/form-data, as curl -F FIELD=@PATH); repeatable",
+    )  # fmt: skip
+
+
 def add_timeout(parser: argparse.ArgumentParser, *, default: float | None, what: str = "per-request timeout") -> None:
     shown = f"default {default:g}s" if default is not None else "default 30s"
     parser.add_argument("--timeout", metavar="DURATION", type=duration, default=default, help=f"{what} ({shown})")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 
 from . import common
 from .common import positive_int
+
+#: (as doctor/send.py's, without importing the doctor for --help)
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 NAME = "doctor"
 HELP = "name the causes of a slow endpoint, with evidence and the fix"
@@ -18,10 +22,15 @@ EPILOG = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app)")
+    parser.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app, a servescope.Model)")
     parser.add_argument("--url", help="an endpoint already running: only the checks that work from outside")
     common.add_body(parser, many=False, old="--payload")
-    parser.add_argument("--path", default="/predict", help="the route to POST to, for apps (default /predict)")
+    common.add_file(parser)
+    parser.add_argument("--path", default="/predict", help="the route to send to, with a query string for a GET (/search?q=cat), for apps (default /predict)")
+    parser.add_argument(
+        "-X", "--method", type=str.upper, choices=METHODS, metavar="METHOD",
+        help="the HTTP method for an app (default: the route's own; POST or GET as there is a body when it takes several)",
+    )  # fmt: skip
     common.add_requests(parser, default=30, low=3, what="sequential warm requests (default 30, at least 3)")
     parser.add_argument("-c", "--concurrency", metavar="N", type=positive_int, default=8, help="requests in flight in the concurrent phase (default 8)")
     common.add_timeout(parser, default=30.0)
@@ -40,14 +49,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..payload import MAX_DOCTOR_BYTES, read_json
     from ..renderers.terminal import render_terminal
 
-    if not args.body:
-        raise ConfigError("give --body FILE: the JSON request body to send (a handler gets it parsed)")
-    payload = read_json(args.body, max_bytes=MAX_DOCTOR_BYTES, why="the doctor sends it dozens of times, concurrently")
     if (args.target is None) == (args.url is None):
         raise ConfigError("give a TARGET (path/to/file.py:name) or --url URL, not both")
+    if args.body and args.file:
+        raise ConfigError("--file sends a form upload as the body: it does not go with --body")
+    if args.method in ("GET", "DELETE") and (args.body or args.file):
+        raise ConfigError(f"{args.method} with a body: a {args.method} carries its input in the query string (--path '/route?x=1'); drop --body/--file")
+    payload = read_json(args.body, max_bytes=MAX_DOCTOR_BYTES, why="the doctor sends it dozens of times, concurrently") if args.body else None
+    files = tuple((f, str(Path(p).resolve())) for f, p in args.file)  # (the child runs elsewhere)
     options = DoctorOptions(
-        path=args.path, requests=args.requests, concurrency=args.concurrency, timeout_s=args.timeout, experiment_seconds=args.experiments
-    )
+        path=args.path, method=args.method, files=files, requests=args.requests, concurrency=args.concurrency,
+        timeout_s=args.timeout, experiment_seconds=args.experiments,
+    )  # fmt: skip
+    options.upload()  # (an unreadable or too big file: said now, before anything runs)
     out = common.table_console(args, console)
     if args.url:
         from ..doctor import diagnose_url

@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
         say(phase="start-up (importing the target)")
         try:
             obj = load_target(job["spec"])
-            payload = orjson.loads(Path(job["payload"]).read_bytes())
+            payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
             from .cold import repeat_first_request
 
             report = diagnose(

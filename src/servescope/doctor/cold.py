@@ -26,12 +26,12 @@ __all__ = ["repeat_first_request"]
 WARM_AFTER = 5
 
 
-def repeat_first_request(spec: str, payload_path: str, options: Any) -> tuple[float | None, float | None, str | None]:
+def repeat_first_request(spec: str, payload_path: str | None, options: Any) -> tuple[float | None, float | None, str | None]:
     """(first request ms, p50 of the next ones, error) from the endpoint started afresh; the
     process is given ``START`` + a few timeouts and then ended."""
     with tempfile.TemporaryDirectory(prefix="servescope-cold-") as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job.write_text(json.dumps({"spec": spec, "payload": payload_path, "path": options.path, "timeout_s": options.timeout_s}))
+        job.write_text(json.dumps({"spec": spec, "payload": payload_path, "path": options.path, "timeout_s": options.timeout_s, "method": options.method, "files": options.files}))
         limit = 120.0 + options.timeout_s * (WARM_AFTER + 1)
         try:
             subprocess.run(
@@ -54,9 +54,13 @@ def main(argv: list[str]) -> None:
 
         from ..loader import load_target
         from .endpoints import make_endpoint
+        from .run import DoctorOptions
+        from .send import Send
 
-        body = orjson.dumps(orjson.loads(Path(job["payload"]).read_bytes()))
-        endpoint = make_endpoint(load_target(job["spec"]), path=job["path"])
+        payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
+        send = Send.of(payload, path=job["path"], files=DoctorOptions(path=job["path"], files=job["files"]).upload())
+        body = send.body
+        endpoint = make_endpoint(load_target(job["spec"]), path=job["path"], send=send, method=job["method"])
         endpoint.start(job["timeout_s"])
         first = endpoint.request(body, job["timeout_s"])
         if first.error:

@@ -201,9 +201,9 @@ def vary(payload: Any, depth: int = 0) -> Any:
     is decoded, a few pixels changed and encoded again in its own format, since text appended
     to base64 is dropped by the decoder (the image, and the model's input, would stay the
     same) or breaks it. Other long text in the base64 alphabet (audio, arrays, a protein, a
-    hash) has one character in its middle changed, so what decodes still decodes. Whole numbers
-    and booleans stay (they are often ids, counts and switches whose other values the endpoint
-    may refuse)."""
+    hash) has one character in its middle changed, so what decodes still decodes. An array of
+    whole numbers has one changed; single whole numbers and booleans stay (they are often ids,
+    counts and switches whose other values the endpoint may refuse)."""
     if depth > 8:
         return payload
     if isinstance(payload, str):
@@ -213,13 +213,29 @@ def vary(payload: Any, depth: int = 0) -> Any:
     if isinstance(payload, dict):
         return {k: vary(v, depth + 1) for k, v in payload.items()}
     if isinstance(payload, list):
+        if len(payload) >= ARRAY_LEN and all(type(v) is int for v in payload):
+            return _vary_ints(payload)
         return [vary(v, depth + 1) for v in payload]
     return payload
 
 
+#: a list of this many whole numbers is data (pixels, token ids, a signal), not ids and counts
+ARRAY_LEN = 8
+
+
+def _vary_ints(values: list[int]) -> list[int]:
+    """The middle number changed to another the array already holds (its smallest or largest:
+    a pixel stays a pixel, a token id stays in the vocabulary)."""
+    lo, hi = min(values), max(values)
+    mid = len(values) // 2
+    out = list(values)
+    out[mid] = lo if values[mid] != lo else hi
+    return out if out != values else [*values[:mid], values[mid] + 1, *values[mid + 1 :]]
+
+
 _B64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_\n\r")
 #: the first bytes of the image formats Pillow reads
-_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
+IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
 
 
 def _vary_text(s: str) -> str:
@@ -233,7 +249,7 @@ def _vary_text(s: str) -> str:
         raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_" if ("-" in body or "_" in body) else None)
     except (binascii.Error, ValueError):
         return s + " and more"
-    changed = _vary_image(raw) if raw.startswith(_IMAGE_MAGIC) else None
+    changed = vary_image(raw) if raw.startswith(IMAGE_MAGIC) else None
     if changed is None:
         # not an image (or one Pillow cannot write back): one character in its middle changed
         # for another of the alphabet, so it still decodes (three bytes of its data differ)
@@ -248,7 +264,7 @@ def _vary_text(s: str) -> str:
     return head + sep + out
 
 
-def _vary_image(raw: bytes) -> bytes | None:
+def vary_image(raw: bytes) -> bytes | None:
     """The image with a band of pixels inverted, in its own format; None without Pillow."""
     try:
         import io

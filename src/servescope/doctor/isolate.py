@@ -75,7 +75,7 @@ def _undiagnosed(reason: str, target_name: str, log: list[str]) -> Report:
 def diagnose_isolated(
     spec: str,
     *,
-    payload_path: str,
+    payload_path: str | None,
     options: DoctorOptions | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Report:
@@ -85,7 +85,7 @@ def diagnose_isolated(
     tick = progress or (lambda phase, frac: None)
     with tempfile.TemporaryDirectory(prefix="servescope-doctor-") as tmp:
         out, log_path = Path(tmp) / "report.json", Path(tmp) / "endpoint.log"
-        job = {"spec": spec, "payload": str(Path(payload_path).resolve()), "options": dataclasses.asdict(options), "out": str(out)}
+        job = {"spec": spec, "payload": str(Path(payload_path).resolve()) if payload_path else None, "options": dataclasses.asdict(options), "out": str(out)}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         r, w = os.pipe()
         with log_path.open("wb") as log:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..environment import CpuReading, available_cpus, idle_cpu_seconds
 from ..exceptions import ConfigError, EndpointError
+from ..payload import MAX_DOCTOR_BYTES, read_body
 from ..recorder import Recorder
 from ..report import Report
 from ..sections import Diagnosis, Unattributed, Verdict  # (Verdict: importable from here as before)
@@ -47,8 +48,8 @@ from .batchprobe import batch_probe
 from .probes import Probes
 from .summary import blas_threads, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
 from .sampler import StackSampler
-from .inputs import vary
-from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, payload_bytes
+from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
+from .send import METHODS, Send, allowed_methods
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
 
@@ -62,6 +63,10 @@ class DoctorOptions:
     ``timeout_s``; ``path`` is the route an app is sent to."""
 
     path: str = "/predict"
+    #: the HTTP method for an app; None: the route's own (POST or GET as there is a body when it takes several)
+    method: str | None = None
+    #: ``(field, path)`` of files uploaded as a multipart form (instead of a JSON body)
+    files: tuple[tuple[str, str], ...] = ()
     requests: int = 30
     concurrency: int = 8
     concurrent_requests: int | None = None
@@ -74,6 +79,12 @@ class DoctorOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigError(f"path must start with '/', got {self.path!r}")
+        if self.method is not None and self.method not in METHODS:
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        self.files = tuple((str(f), str(p)) for f, p in self.files)
+        for f, p in self.files:
+            if not f or not os.path.isfile(p):
+                raise ConfigError(f"--file {f}={p}: " + ("no such file" if f else "give the form field's name"))
         if not isinstance(self.requests, int) or self.requests < MIN_OK_REQUESTS:
             raise ConfigError(f"requests must be a whole number >= {MIN_OK_REQUESTS}, got {self.requests!r}")
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
@@ -88,6 +99,11 @@ class DoctorOptions:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
         if not isinstance(self.experiment_seconds, (int, float)) or not 0 <= self.experiment_seconds < math.inf:
             raise ConfigError(f"experiment_seconds must be a number of seconds >= 0, got {self.experiment_seconds!r}")
+
+
+    def upload(self) -> list[tuple[str, str, bytes]]:
+        """The files to upload, read: (field, file name, content)."""
+        return [(f, os.path.basename(p), read_body(p, max_bytes=MAX_DOCTOR_BYTES, why="the doctor sends it dozens of times")) for f, p in self.files]
 
 
 #: A share of the request outside every stage above which the report says it cannot tell.
@@ -110,16 +126,16 @@ class _Run:
     def __init__(
         self,
         endpoint: Endpoint,
-        payload: Any,
+        send: Send,
         options: DoctorOptions,
         tick: Callable[[str, float], None],
         repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
     ) -> None:
-        self.endpoint, self.payload, self.options, self.tick = endpoint, payload, options, tick
+        self.endpoint, self.send, self.options, self.tick = endpoint, send, options, tick
         self.repeat_cold = repeat_cold
         self.repeated_cold: tuple[float | None, float | None, str | None] | None = None
         self.machine = Machine(cpus_available=available_cpus())
-        self.body = payload_bytes(payload)
+        self.body = send.body
         self.probes = Probes()
         self.sampler = StackSampler()
         self.started = time.perf_counter()
@@ -219,13 +235,11 @@ class _Run:
         whose inputs stay the same is work the endpoint repeats whatever it is asked."""
         if self.probes_at_fault:
             return
-        varied = vary(self.payload)
-        if varied == self.payload:
-            self.missing["repeated"] = (
-                "the payload has no text, decimal number or image to vary, so inputs that never change cannot be told apart"
-            )
+        varied, why = self.send.varied()
+        if varied is None:
+            self.missing["repeated"] = f"{why}, so inputs that never change cannot be told apart"
             return
-        obs = self.endpoint.request(payload_bytes(varied), self.options.timeout_s)
+        obs = self.endpoint.request(varied.body, self.options.timeout_s, path=varied.path if varied.path != self.send.path else None)
         if obs.error:
             self.missing["repeated"] = f"a request with the payload varied failed ({obs.error}), so inputs that never change cannot be told apart"
         else:
@@ -368,13 +382,17 @@ class _Run:
         if statuses & {404, 405}:
             routes = self.endpoint.routes()
             v.routes = [f"{' '.join(m) or 'ANY'} {p}" for p, m in routes]
-            posts = [p for p, m in routes if "POST" in m and p != self.options.path]
-            if any(p == self.options.path and "POST" in m for p, m in routes):
-                v.hint = f"POST {self.options.path} exists: the endpoint itself answered {min(statuses & {404, 405})} (see its answer above)"
-            elif posts:
-                v.hint = f"the app has no POST route at {self.options.path}: try --path {posts[0]}"
+            method = getattr(self.endpoint, "method", "POST")
+            allowed = allowed_methods(routes, self.options.path)
+            others = [p for p, m in routes if method in m and p != self.options.path]
+            if allowed is not None and method in allowed:
+                v.hint = f"{method} {self.options.path} exists: the endpoint itself answered {min(statuses & {404, 405})} (see its answer above)"
+            elif allowed:
+                v.hint = f"{self.options.path} takes {', '.join(allowed)}, not {method}: try --method {allowed[0]}"
+            elif others:
+                v.hint = f"the app has no {method} route at {self.options.path}: try --path {others[0]}"
             else:
-                v.hint = f"the app has no POST route at {self.options.path}; its routes are listed above"
+                v.hint = f"the app has no {method} route at {self.options.path}; its routes are listed below"
         elif 422 in statuses or 400 in statuses:
             v.hint = "the app rejected the payload: make --body a request the endpoint accepts"
         return v
@@ -486,7 +504,7 @@ class _Run:
 def diagnose(
     obj: Any,
     *,
-    payload: Any,
+    payload: Any = None,
     options: DoctorOptions | None = None,
     progress: Callable[[str, float], None] | None = None,
     target_name: str = "",
@@ -495,10 +513,13 @@ def diagnose(
     """Run the endpoint under probes, in this process, and return the Report: its verdict
     (``report.diagnosis.verdict``), findings and what could not be checked. The command line runs
     this in a child process (``isolate.py``); call it directly for an endpoint you trust
-    to return. ``repeat_cold`` starts the endpoint again in a fresh process and returns its
-    first request's ms, the p50 after it and an error (doctor/cold.py): without it, a slow first
+    to return. ``payload`` is the JSON body (None: none, or ``options.files`` as a form);
+    ``repeat_cold`` starts the endpoint again in a fresh process and returns its first
+    request's ms, the p50 after it and an error (doctor/cold.py): without it, a slow first
     request that no load explains is not claimed, it is listed as not checked."""
     options = options or DoctorOptions()
-    run = _Run(make_endpoint(obj, path=options.path), payload, options, progress or (lambda phase, frac: None), repeat_cold)
+    send = Send.of(payload, path=options.path, files=options.upload())
+    endpoint = make_endpoint(obj, path=options.path, send=send, method=options.method)
+    run = _Run(endpoint, send, options, progress or (lambda phase, frac: None), repeat_cold)
     run.execute()
     return run.report(target_name)

@@ -10,23 +10,29 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..exceptions import ConfigError
 from ..report import Report
 from ..sections import Diagnosis, Load, Verdict
 from .evidence import Cold, Concurrent, Evidence, Warm
 from .run import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
-from .endpoints import payload_bytes
+from .send import Send
 
 __all__ = ["diagnose_url"]
 
 _OUTSIDE = "not visible from outside the process: run `servescope doctor file.py:app` on the code"
 
 
-def diagnose_url(url: str, *, payload: Any, options: DoctorOptions | None = None) -> Report:
+def diagnose_url(url: str, *, payload: Any = None, options: DoctorOptions | None = None) -> Report:
     from ..bench import BenchOptions, run_bench
     from ..rules import diagnose_report
 
     options = options or DoctorOptions()
-    common = dict(method="POST", bodies=[payload_bytes(payload)], content_type="application/json", timeout_s=options.timeout_s, warmup_s=0.0)
+    send = Send.of(payload, files=options.upload())
+    method = options.method or ("POST" if send.body else "GET")
+    if method == "GET" and send.body:
+        raise ConfigError("GET with a body: a GET carries its input in the URL's query string; drop --body")
+    bodies = [send.body] if send.body else None
+    common = dict(method=method, bodies=bodies, content_type=send.content_type, timeout_s=options.timeout_s, warmup_s=0.0)
     started = time.perf_counter()
     [seq] = run_bench(BenchOptions(url=url, concurrency=[1], requests=options.requests, **common))
     seq.meta.update(title=f"servescope doctor --url {url}", tool="servescope doctor", target=url, diagnosed=True)

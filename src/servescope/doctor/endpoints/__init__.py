@@ -54,15 +54,33 @@ def is_wsgi(obj: Any) -> bool:
     return params[:2] == ["environ", "start_response"]
 
 
-def make_endpoint(obj: Any, *, path: str) -> Endpoint:
-    """The right target for what the user pointed at."""
-    if is_asgi(obj):
-        return ASGIEndpoint(obj, path)
-    if is_wsgi(obj):
-        return WSGIEndpoint(obj, path)
+def make_endpoint(obj: Any, *, path: str, send: Any = None, method: str | None = None) -> Endpoint:
+    """The right target for what the user pointed at: a handler, an ASGI/WSGI app, or what
+    ``servescope serve`` takes (a ``servescope.Model`` class or instance). For an app, ``send``
+    (doctor/send.py) and ``method`` set what it is sent: the route's own method unless given,
+    checked against the methods the route takes."""
+    from ...serve import model_of
+
+    model = model_of(obj)  # (a Model subclass is built, with no arguments, as serve builds it)
+    if model is not None:
+        from ...serve import as_app
+
+        obj = as_app(model)
+    if is_asgi(obj) or is_wsgi(obj):
+        ep: Any = ASGIEndpoint(obj, path) if is_asgi(obj) else WSGIEndpoint(obj, path)
+        if send is not None:
+            from ..send import route_method
+
+            ep.method = route_method(ep.routes(), send, method)
+            ep.content_type = send.content_type
+        return ep
     if callable(obj) and not isinstance(obj, type):
+        if method is not None or (send is not None and send.files):
+            raise ConfigError("a handler is called with the JSON body: --method and --file are for apps")
+        if send is not None and send.payload is None:
+            raise ConfigError("give --body FILE: the JSON request body to send (a handler gets it parsed)")
         return FunctionEndpoint(obj)
-    raise ConfigError(f"{obj!r} is neither a callable handler nor an ASGI/WSGI app")
+    raise ConfigError(f"{obj!r} is neither a callable handler, an ASGI/WSGI app nor a servescope.Model")
 
 
 def payload_bytes(payload: Any) -> bytes:

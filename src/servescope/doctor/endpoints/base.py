@@ -45,9 +45,10 @@ class Endpoint(Protocol):
     def start(self, timeout_s: float) -> None:
         """Be ready to take requests within ``timeout_s`` (raise ``EndpointError`` if not)."""
 
-    def request(self, body: bytes, timeout_s: float) -> Observation:
-        """One request with the JSON ``body`` (a function gets it parsed, afresh each call); a
-        handler that does not answer within ``timeout_s`` is abandoned."""
+    def request(self, body: bytes, timeout_s: float, path: str | None = None) -> Observation:
+        """One request with ``body`` (a function gets the JSON parsed, afresh each call; an app
+        gets it with the endpoint's method and Content-Type, at ``path`` when given: another
+        query string); a handler that does not answer within ``timeout_s`` is abandoned."""
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float

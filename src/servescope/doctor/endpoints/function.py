@@ -133,7 +133,7 @@ class FunctionEndpoint:
                 loop.close()
         self._pool.shutdown()
 
-    def request(self, body: bytes, timeout_s: float) -> Observation:
+    def request(self, body: bytes, timeout_s: float, path: str | None = None) -> Observation:
         payload = orjson.loads(body)  # each call its own copy, as a server parses each body
         ev = new_evidence()
         tr = Trace()

@@ -96,6 +96,7 @@ class _HTTPEndpoint:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.method, self.content_type = "POST", "application/json"  # (make_endpoint sets what the doctor sends)
         self.collector = _Collector()
         self.host = "127.0.0.1"
         self.port = 0
@@ -110,8 +111,8 @@ class _HTTPEndpoint:
     def loop_thread_id(self) -> int | None:
         return None
 
-    def request(self, body: bytes, timeout_s: float) -> Observation:
-        """One POST; its server-side trace is found by the id it carries in a header (a
+    def request(self, body: bytes, timeout_s: float, path: str | None = None) -> Observation:
+        """One request; its server-side trace is found by the id it carries in a header (a
         request abandoned earlier may finish later: its trace must not be taken for this one)."""
         self._next_id += 1
         rid = str(self._next_id)
@@ -120,8 +121,10 @@ class _HTTPEndpoint:
         deadline = time.monotonic() + timeout_s
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
         try:
-            headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: rid}
-            conn.request("POST", self.path, body=body, headers=headers)
+            headers = {REQUEST_ID_HEADER: rid}
+            if self.content_type and body:
+                headers["Content-Type"] = self.content_type
+            conn.request(self.method, path or self.path, body=body or None, headers=headers)
             conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
             resp = conn.getresponse()
             status = resp.status
@@ -160,7 +163,7 @@ class _HTTPEndpoint:
         from ...loadgen import URL, LoadGenerator, build_requests, error_kind
 
         target = URL.parse(self.url)
-        raw = build_requests(target, method="POST", bodies=[body], content_type="application/json")
+        raw = build_requests(target, method=self.method, bodies=[body], content_type=self.content_type if body else None)
         gen = LoadGenerator(target, raw, timeout_s=timeout_s)
         t0 = time.perf_counter()
 
@@ -237,6 +240,10 @@ class ASGIEndpoint(_HTTPEndpoint):
         return self._thread.ident if self._thread is not None else None
 
     def routes(self) -> list[tuple[str, list[str]]]:
+        from ...serve import ServeApp
+
+        if isinstance(self.user_app, ServeApp):
+            return [("/predict", ["POST"]), *((p, ["GET"]) for p in ("/health", "/ready", "/metrics", "/report"))]
         out = []
         for r in getattr(self.user_app, "routes", None) or []:
             path = getattr(r, "path", None)

@@ -1,0 +1,146 @@
+"""What the doctor sends an app: the method, the route with its query string, and the body
+(JSON, or a multipart form with files), and another request like it with what reaches the
+model changed (is the model's input the same whatever it is asked?).
+
+    send = Send.of({"text": "hi"}, method="POST", path="/predict")
+    send = Send.of(None, method="PUT", path="/v1/embed", files=[("image", "cat.jpg", raw)])
+    other, why = send.varied()     # (None, why) when nothing in it can be varied
+
+``route_method`` picks the route's own method when the app declares one, and refuses a method
+the route does not take, naming those it does.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from ..exceptions import ConfigError
+from ..payload import multipart_body
+from .inputs import IMAGE_MAGIC, vary, vary_image
+
+__all__ = ["BODY_METHODS", "METHODS", "Send", "allowed_methods", "route_method"]
+
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+#: the methods whose requests carry a body
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+@dataclass(frozen=True)
+class Send:
+    method: str = "POST"
+    path: str = "/predict"
+    payload: Any = None  # the JSON body, parsed; None: no JSON body
+    files: tuple[tuple[str, str, bytes], ...] = ()  # (field, file name, content) of a form upload
+    body: bytes = field(default=b"", compare=False)
+    content_type: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, payload: Any = None, *, method: str = "POST", path: str = "/predict", files: Any = ()) -> Send:
+        files = tuple(files)
+        if files:
+            body, ctype = multipart_body(list(files))
+        elif payload is not None:
+            body, ctype = orjson.dumps(payload), "application/json"
+        else:
+            body, ctype = b"", None
+        return cls(method, path, payload, files, body, ctype)
+
+    def varied(self) -> tuple[Send | None, str]:
+        """Another request of the same shape with what reaches the model changed, or None and why not."""
+        path = _vary_query(self.path)
+        if self.files:
+            files = tuple((f, name, _vary_file(data)) for f, name, data in self.files)
+            changed = files != self.files or path != self.path
+            return (Send.of(method=self.method, path=path, files=files) if changed else None), (
+                "" if changed else "the uploaded files are neither images nor text, so they were not varied"
+            )
+        payload = vary(self.payload) if self.payload is not None else None
+        if payload == self.payload and path == self.path:
+            return None, "the request has no text, decimal number, array or image to vary"
+        return Send.of(payload, method=self.method, path=path), ""
+
+    def at(self, path: str) -> Send:
+        return replace(self, path=path)
+
+
+def _vary_query(path: str) -> str:
+    """The query string's values varied as JSON strings and numbers would be (``?q=cat`` ->
+    ``?q=cat and more``; ``?k=5`` stays: whole numbers are often ids and counts)."""
+    route, sep, query = path.partition("?")
+    if not sep:
+        return path
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    out = []
+    for k, v in pairs:
+        try:
+            number = float(v)
+        except ValueError:
+            out.append((k, vary(v)))
+            continue
+        out.append((k, v if number.is_integer() and "." not in v else f"{vary(number):.6g}"))
+    return route + "?" + urllib.parse.urlencode(out)
+
+
+def _vary_file(data: bytes) -> bytes:
+    """An image with a band of pixels inverted; text with a word added; anything else as it is."""
+    if data.startswith(IMAGE_MAGIC):
+        return vary_image(data) or data
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+    if not text.strip() or not all(c.isprintable() or c in "\t\r\n" for c in text[:4096]):
+        return data  # (control characters: data that only decodes as UTF-8)
+    return (text.rstrip("\n") + " and more\n").encode()
+
+
+_PARAM = re.compile(r"\{[^}]*\}|<[^>]*>")
+
+
+def _route_pattern(route: str) -> re.Pattern[str]:
+    """A route's path as a pattern: Starlette's ``{name}`` and ``{name:path}``, Flask's
+    ``<name>``, ``<int:name>`` and ``<path:name>``."""
+    out, last = [], 0
+    for m in _PARAM.finditer(route):
+        out.append(re.escape(route[last : m.start()]))
+        out.append(".+" if ":path" in m.group() or m.group().startswith("<path:") else "[^/]+")
+        last = m.end()
+    out.append(re.escape(route[last:]))
+    return re.compile("".join(out) + "$")
+
+
+def allowed_methods(routes: list[tuple[str, list[str]]], path: str) -> list[str] | None:
+    """The methods the app's routes take at ``path`` (its query string aside); None when the
+    app lists no route there (or lists none at all: a plain ASGI callable)."""
+    route = path.partition("?")[0]
+    found = [m for p, m in routes if _route_pattern(p).match(route)]
+    if not found:
+        return None
+    return sorted({x for ms in found for x in ms if x not in ("HEAD", "OPTIONS")} or {"GET"})
+
+
+def route_method(routes: list[tuple[str, list[str]]], send: Send, given: str | None) -> str:
+    """The method to send: ``given`` (checked against what the route takes), else the route's
+    own (one method, or POST/GET as the request has a body or not when it takes several)."""
+    allowed = allowed_methods(routes, send.path)
+    has_body = bool(send.body)
+    if given is not None:
+        if allowed is not None and given not in allowed:
+            raise ConfigError(f"{send.path.partition('?')[0]} does not take {given}: it takes {', '.join(allowed)}")
+        method = given
+    elif allowed is not None and len(allowed) == 1:
+        method = allowed[0]
+    elif allowed is not None and not has_body and "GET" in allowed:
+        method = "GET"
+    else:
+        method = "POST" if has_body or allowed is None or "POST" in allowed else allowed[0]
+    if method == "GET" and has_body:
+        raise ConfigError(f"GET {send.path} with a body: a GET carries its input in the query string (--path '/route?x=1'); drop --body")
+    if method in BODY_METHODS and not has_body:
+        raise ConfigError(f"{method} {send.path.partition('?')[0]} takes a body: give --body FILE (JSON) or --file FIELD=PATH")
+    return method

@@ -1,0 +1,205 @@
+"""The doctor on any route: the route's own method, query strings, form uploads, a
+``servescope.Model``, and bad arguments refused before anything runs.
+
+(No ``from __future__ import annotations``: FastAPI reads the routes' annotations.)"""
+
+
+import io
+
+import numpy as np
+import pytest
+
+from servescope.cli import main
+from servescope.doctor import DoctorOptions, diagnose
+from servescope.doctor.inputs import vary
+from servescope.doctor.send import Send, allowed_methods, route_method
+from servescope.exceptions import ConfigError
+
+FAST = dict(requests=4, concurrency=2, concurrent_requests=4, timeout_s=5.0, experiment_seconds=0)
+
+
+def png(value: int = 0) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((16, 16, 3), value, dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# -- the method --------------------------------------------------------------------------------
+
+ROUTES = [("/embed", ["PUT"]), ("/items/{item_id}", ["GET", "POST"]), ("/files/{p:path}", ["GET"]), ("/u/<int:uid>", ["DELETE"])]
+
+
+def test_the_routes_own_method_is_the_default():
+    body = Send.of({"x": 1}, path="/embed")
+    assert route_method(ROUTES, body, None) == "PUT"
+    assert route_method(ROUTES, Send.of({"x": 1}, path="/items/3"), None) == "POST"
+    assert route_method(ROUTES, Send.of(path="/items/3?q=cat"), None) == "GET"  # no body: the GET of the pair
+    assert route_method(ROUTES, Send.of(path="/u/7"), None) == "DELETE"
+    assert route_method([], body, None) == "POST"  # an app that lists no routes: POST with a body
+
+
+def test_a_method_the_route_does_not_take_names_those_it_does():
+    with pytest.raises(ConfigError, match="/embed does not take POST: it takes PUT"):
+        route_method(ROUTES, Send.of({"x": 1}, path="/embed"), "POST")
+    with pytest.raises(ConfigError, match="GET .* with a body"):
+        route_method(ROUTES, Send.of({"x": 1}, path="/files/a/b.txt"), None)
+    with pytest.raises(ConfigError, match="PUT /embed takes a body"):
+        route_method(ROUTES, Send.of(path="/embed"), None)
+
+
+def test_route_patterns_of_starlette_and_flask():
+    assert allowed_methods(ROUTES, "/files/a/b/c.txt") == ["GET"]
+    assert allowed_methods(ROUTES, "/items/3/extra") is None
+    assert allowed_methods(ROUTES, "/u/12?x=1") == ["DELETE"]
+
+
+# -- the varied request -------------------------------------------------------------------------
+
+
+def test_a_query_string_is_varied_but_its_whole_numbers_stay():
+    other, why = Send.of(path="/search?q=cat&k=5&t=0.5").varied()
+    assert other is not None and "q=cat+and+more" in other.path and "k=5&" in other.path and other.path.endswith("t=0.515")
+
+
+def test_uploaded_images_and_text_are_varied_and_other_files_are_said():
+    from PIL import Image
+
+    send = Send.of(files=[("image", "cat.png", png(10)), ("notes", "n.txt", b"a cat\n")])
+    other, _ = send.varied()
+    assert other is not None and other.body != send.body and other.content_type.startswith("multipart/form-data")
+    image = dict((f, d) for f, _, d in other.files)["image"]
+    assert np.asarray(Image.open(io.BytesIO(image))).max() == 245  # a band of pixels inverted, still a PNG
+    assert dict((f, d) for f, _, d in other.files)["notes"] == b"a cat and more\n"
+    none, why = Send.of(files=[("blob", "w.bin", b"\x00\x01\x02")]).varied()
+    assert none is None and "neither images nor text" in why
+
+
+def test_arrays_of_whole_numbers_are_varied_within_their_range():
+    pixels = [3, 9, 4, 7, 5, 6, 8, 2]
+    out = vary({"pixels": pixels, "k": 5, "ids": [1, 2]})
+    assert out["k"] == 5 and out["ids"] == [1, 2] and out["pixels"] != pixels
+    assert min(pixels) <= min(out["pixels"]) and max(out["pixels"]) <= max(pixels) and len(out["pixels"]) == 8
+
+
+# -- real apps ------------------------------------------------------------------------------------
+
+
+def fastapi_app():
+    from fastapi import FastAPI, File, UploadFile
+
+    app = FastAPI()
+    seen: dict[str, object] = {}
+
+    @app.put("/v1/embed")
+    def embed(body: dict) -> dict:
+        seen["put"] = body
+        return {"n": len(body["text"])}
+
+    @app.get("/search")
+    def search(q: str, k: int = 3) -> dict:
+        seen["get"] = (q, k)
+        return {"hits": [q] * k}
+
+    @app.post("/classify")
+    async def classify(image: UploadFile = File(...)) -> dict:
+        raw = await image.read()
+        seen["upload"] = (image.filename, len(raw))
+        return {"bytes": len(raw)}
+
+    return app, seen
+
+
+def test_a_put_route_is_diagnosed_with_its_own_method():
+    app, seen = fastapi_app()
+    rep = diagnose(app, payload={"text": "hello"}, options=DoctorOptions(path="/v1/embed", **FAST))
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors and seen["put"]["text"].startswith("hello")
+    assert rep.latency["count"] >= 4
+
+
+def test_a_get_route_takes_its_input_in_the_query_string():
+    app, seen = fastapi_app()
+    rep = diagnose(app, options=DoctorOptions(path="/search?q=cat&k=2", **FAST))
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors and seen["get"][1] == 2
+
+
+def test_an_upload_route_gets_the_file_as_a_form(tmp_path):
+    app, seen = fastapi_app()
+    image = tmp_path / "cat.png"
+    image.write_bytes(png())
+    rep = diagnose(app, options=DoctorOptions(path="/classify", files=(("image", str(image)),), **FAST))
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors and seen["upload"][0] == "cat.png"
+
+
+def test_a_flask_put_route():
+    from flask import Flask, request
+
+    app = Flask("put")
+
+    @app.route("/score", methods=["PUT"])
+    def score():
+        return {"n": len(request.get_json()["x"])}
+
+    rep = diagnose(app, payload={"x": [1, 2]}, options=DoctorOptions(path="/score", **FAST))
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors
+
+
+def test_a_method_the_route_does_not_take_is_refused_before_any_request():
+    app, seen = fastapi_app()
+    with pytest.raises(ConfigError, match="does not take POST: it takes PUT"):
+        diagnose(app, payload={"text": "x"}, options=DoctorOptions(path="/v1/embed", method="POST", **FAST))
+    assert seen == {}
+
+
+def test_a_servescope_model_is_diagnosed_as_serve_serves_it():
+    from servescope.serve import Model
+
+    class Doubler(Model):
+        def load(self, device):
+            return 2
+
+        def infer(self, batch):
+            return [x * self.model for x in batch]
+
+    rep = diagnose(Doubler, payload=3, options=DoctorOptions(**FAST))
+    assert rep.extra["verdict"]["diagnosed"] and not rep.errors
+
+
+def test_a_route_the_app_lacks_is_named_with_the_method_that_fits():
+    app, _ = fastapi_app()
+    rep = diagnose(app, payload={"text": "x"}, options=DoctorOptions(path="/v2/embed", method="PUT", **FAST))
+    verdict = rep.extra["verdict"]
+    assert not verdict["diagnosed"] and "PUT /v1/embed" in verdict["routes"]
+    assert verdict["hint"] == "the app has no PUT route at /v2/embed: try --path /v1/embed"
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def exit_code(args):
+    try:
+        return main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--file", "image=/no/such/cat.png"], "no such file"),
+        (["--method", "GET", "--body", "{body}"], "GET with a body"),
+        (["--body", "{body}", "--file", "image={body}"], "does not go with --body"),
+        (["--file", "image"], "expected FIELD=PATH"),
+        (["--method", "TRACE"], "invalid choice"),
+    ],
+)
+def test_bad_route_arguments_are_one_line_and_exit_2(tmp_path, capsys, extra, message):
+    app = tmp_path / "app.py"
+    app.write_text("raise SystemExit('imported')\n")  # never reached: refused before the target loads
+    body = tmp_path / "b.json"
+    body.write_text('{"x": 1}')
+    args = ["doctor", f"{app}:app", *[a.format(body=body) for a in extra]]
+    assert exit_code(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) <= 2  # (argparse adds its usage line)
