@@ -456,6 +456,64 @@ def test_fewer_threads_run_the_model_on_a_pool_of_that_size_and_leave_the_endpoi
     assert later == [before]
 
 
+def test_fewer_onnx_runtime_threads_run_on_a_twin_session_of_that_size():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from servescope.doctor.evidence import Environment, Machine
+    from servescope.doctor.experiments.threads import fewer_ort_threads
+
+    w = numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(8, 4), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 4
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ran = []
+
+    class Endpoint(FakeEndpoint):
+        def request(self, body, timeout_s):
+            ran.append(vars(session).get("run"))  # the instance's own run: the twin's while applied
+            (y,) = session.run(None, {"x": np.ones((1, 8), dtype=np.float32)})
+            return Observation(5.0, answer=y)
+
+    ev = Evidence(environment=Environment(ort_threads=4, cpus_available=2), machine=Machine(others_cores=1.0), warm=Warm(requests=3))
+    out = fewer_ort_threads(ev, lab(Endpoint()), Seen(owners={"fp": (session, "run", None)}))
+    assert out.tried and out.answers == "same" and out.hits >= 4 and "intra_op_num_threads = 1" in out.fix
+    assert None in ran and any(r is not None for r in ran) and "run" not in vars(session)  # undone
+    assert session.get_session_options().intra_op_num_threads == 4  # the endpoint's own session as it was
+
+
+def test_fewer_blas_threads_are_limited_for_the_fixed_blocks_only():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from servescope.doctor.evidence import Environment, Machine
+    from servescope.doctor.experiments.threads import fewer_blas_threads
+
+    def largest():
+        return max((p["num_threads"] for p in threadpoolctl.threadpool_info()), default=0)
+
+    before = largest()
+    if before < 2:
+        pytest.skip("numpy's BLAS runs on one thread here: there is no smaller pool to try")
+    sizes = []
+
+    class Endpoint(FakeEndpoint):
+        def request(self, body, timeout_s):
+            sizes.append(largest())
+            return Observation(5.0, answer=float(np.ones((4, 4)).sum()))
+
+    ev = Evidence(environment=Environment(blas_threads=before, cpus_available=before), machine=Machine(others_cores=before - 0.8),
+                  warm=Warm(requests=3))  # fmt: skip
+    out = fewer_blas_threads(ev, lab(Endpoint()), Seen(owners={"fp": (object(), "predict", None)}))
+    assert out.tried and "threadpool_limits(1)" in out.fix
+    assert 1 in sizes and before in sizes and largest() == before
+
+
 def test_a_streamed_answers_steps_run_off_the_servers_loop_in_order():
     import asyncio
 

@@ -386,6 +386,17 @@ def test_threads_beyond_the_cpus_other_processes_leave_free_are_a_misfit_when_fe
     assert diagnose_evidence(healthy(machine=Machine(cpus_available=2, others_cores=0.1))).findings == []
 
 
+def test_an_onnx_runtime_pool_too_big_for_the_cpus_left_free_gets_the_saving_measured_with_fewer():
+    from servescope.doctor.evidence import Machine
+
+    busy = healthy(machine=Machine(cpus_available=2, others_cores=1.1, busy=True), environment=Environment(ort_threads=2, cpus_available=2))
+    assert diagnose_evidence(busy).findings == []
+    busy.experiments["ort-threads"] = WhatIf(fix="intra_op_num_threads = 1", tried=True, pairs=6, base_p50_ms=30.0, fixed_p50_ms=20.0,
+                                             saving_ms=10.0, low_ms=8.0, high_ms=12.0)  # fmt: skip
+    [f] = diagnose_evidence(busy).findings
+    assert f.id == "thread-oversubscription" and "intra_op_num_threads = 1" in f.fix and f.saving_basis == "measured" and f.saving_ms == 10.0
+
+
 def test_the_thread_count_tried_is_what_the_cpus_really_free_allow():
     from servescope.doctor.evidence import Machine
     from servescope.doctor.experiments.threads import thread_target

@@ -143,3 +143,27 @@ def test_a_def_endpoint_with_pure_python_work_is_gil_bound_not_loop_blocked(tmp_
         return
     assert "gil-contention" in found, (rep["diagnosis"]["evidence"]["concurrent"], list(found))
     assert "apps.py" in found["gil-contention"]["evidence"]["hot_spot"]
+
+
+def test_a_put_route_a_get_with_a_query_and_an_upload_are_diagnosed_through_the_cli(tmp_path):
+    p, rep, _ = doctor("routes.py:app", tmp_path, "--path", "/v1/embed", "--experiments", "0", payload='{"text": "a red shoe"}')
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert rep["meta"]["request"] == "PUT /v1/embed, a JSON body" and not rep["errors"] and rep["latency"]["count"] == 5
+    image = tmp_path / "cat.bin"
+    image.write_bytes(bytes(range(256)) * 16)
+    out = tmp_path / "upload.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "doctor", str(HERE / "routes.py:app"), "--path", "/classify", "--file", f"image={image}",
+         "--requests", "5", "--experiments", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["meta"]["request"] == "POST /classify, a form upload (image)" and not rep["errors"]
+    assert "repeated" in rep["diagnosis"]["evidence"]["missing"]  # a binary file: not varied, and said
+
+
+def test_a_method_the_route_does_not_take_is_one_line_and_exit_2(tmp_path):
+    p, rep, _ = doctor("routes.py:app", tmp_path, "--path", "/v1/embed", "-X", "POST")
+    assert p.returncode == 2 and rep is None
+    assert p.stderr.strip() == "servescope: error: /v1/embed does not take POST: it takes PUT", p.stderr

@@ -425,6 +425,7 @@ class _Run:
                 stages["network+client"] = max(w.latency_ms - (w.trace.total_ms or 0.0), 0.0)
             rec.record_durations(stages, w.latency_ms, error=w.error)
         report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
+        report.meta["request"] = self.send.describe(getattr(self.endpoint, "method", None))
         verdict = self.verdict()
         if self.cold is not None:
             report.latency["first_ms"] = round(self.cold.latency_ms, 4)

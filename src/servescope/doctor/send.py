@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -64,8 +64,10 @@ class Send:
             return None, "the request has no text, decimal number, array or image to vary"
         return Send.of(payload, method=self.method, path=path), ""
 
-    def at(self, path: str) -> Send:
-        return replace(self, path=path)
+    def describe(self, method: str | None) -> str:
+        """What was sent, in words: "PUT /v1/embed, a JSON body"; a handler's: "a JSON payload"."""
+        body = f"a form upload ({', '.join(f for f, _, _ in self.files)})" if self.files else "a JSON body" if self.payload is not None else "no body"
+        return f"{method} {self.path}, {body}" if method else "the handler called with a JSON payload"
 
 
 def _vary_query(path: str) -> str:

@@ -423,7 +423,8 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
     contended = others >= BUSY_CORES and used > free + 0.5
     if used <= cpus and not contended:
         return []
-    tried = ev.tried("torch-threads")
+    experiment = {"torch_threads": "torch-threads", "onnxruntime_threads": "ort-threads", "blas_threads": "blas-threads"}[worst]
+    tried = ev.tried(experiment)
     if used <= cpus and (tried is None or (tried.low_ms or 0.0) <= 0 or (tried.saving_ms or 0.0) < CONTENTION_SHARE * (tried.base_p50_ms or 0.0)):
         # a neighbour comes and goes: only a pool that fewer threads measurably beat on this
         # machine, now, is a misfit worth naming (a timing, not a count, so it must be measured)
@@ -434,7 +435,7 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
         "blas_threads": f"threadpoolctl.threadpool_limits({share})   # numpy/scikit-learn's BLAS and OpenMP pools\n# or OMP_NUM_THREADS={share} OPENBLAS_NUM_THREADS={share} in the environment",
         "onnxruntime_threads": f"opts = onnxruntime.SessionOptions()\nopts.intra_op_num_threads = {share}\nsession = onnxruntime.InferenceSession(path, opts)",
     }
-    saving = measured_or_estimated(ev, "torch-threads", estimate_ms=None, estimated_from="") if worst == "torch_threads" else None
+    saving = measured_or_estimated(ev, experiment, estimate_ms=None, estimated_from="")
     evidence = {**pools, "workers": env.workers, "cpus_available": cpus}
     if others >= BUSY_CORES:
         evidence.update(others_cores=round(others, 2), cpus_free=round(free, 2))

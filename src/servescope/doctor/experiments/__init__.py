@@ -18,7 +18,7 @@ from .lab import Abandon, Fix, Lab
 from .loaders import memoise_loaders
 from .loop import off_the_loop
 from .seen import Seen
-from .threads import fewer_threads
+from .threads import fewer_blas_threads, fewer_ort_threads, fewer_threads
 
 Experiment = Callable[[Evidence, Lab, Seen], "WhatIf | None"]
 
@@ -32,6 +32,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "off-the-loop": off_the_loop,
     "batching": batch_calls,
     "torch-threads": fewer_threads,
+    "ort-threads": fewer_ort_threads,
+    "blas-threads": fewer_blas_threads,
 }
 
 

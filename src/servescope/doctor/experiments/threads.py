@@ -1,16 +1,22 @@
-"""Fewer torch threads: the intra-op pool sized to the CPUs really free (a neighbour on the
-machine, workers beside this one), tried on the endpoint as written.
+"""Fewer compute threads: a pool sized to the CPUs really free (a neighbour on the machine,
+workers beside this one), tried on the endpoint as written, for each kind of pool.
 
-``torch.set_num_threads`` holds for threads that have not run a parallel region yet; the
-endpoint's own worker threads keep the size they started with. So while applied, the model
-call runs on one thread of the experiment's own, whose pool is the size tried, and the
-caller waits for it (the hand-off costs tens of microseconds: against the fix, not for it).
-Setting that thread's size also sets the default of threads made later: it is put back as
-soon as the thread has started, so the endpoint's threads, old and new, are never changed.
+- torch: ``torch.set_num_threads`` holds for threads that have not run a parallel region
+  yet; the endpoint's own worker threads keep the size they started with. So while applied,
+  the model call runs on one thread of the experiment's own, whose pool is the size tried,
+  and the caller waits for it (the hand-off costs tens of microseconds: against the fix,
+  not for it). Setting that thread's size also sets the default of threads made later: it
+  is put back as soon as the thread has started, so the endpoint's threads are never changed.
+- ONNX Runtime: a session's intra-op pool is fixed when it is built, so a twin of each
+  session the requests ran is built with the size tried (same model, options and providers;
+  the memory bound counts it), and the session's ``run`` goes to the twin in the fixed blocks.
+- BLAS and OpenMP (numpy, scikit-learn): ``threadpoolctl.threadpool_limits`` for the fixed
+  blocks, lifted after each.
 """
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -19,18 +25,19 @@ from .lab import Fix, Lab
 from .memo import patching
 from .seen import Seen
 
-__all__ = ["fewer_threads", "thread_target"]
+__all__ = ["fewer_blas_threads", "fewer_ort_threads", "fewer_threads", "thread_target"]
 
 
-def thread_target(ev: Evidence) -> int | None:
-    """The intra-op pool to try: the CPUs this process may use, less those other processes
-    kept busy, shared among the workers; None when torch already uses no more."""
+def thread_target(ev: Evidence, pool: str = "torch_threads") -> int | None:
+    """The pool size to try: the CPUs this process may use, less those other processes kept
+    busy, shared among the workers; None when the pool (an ``Environment`` field) is no bigger."""
     env = ev.environment
-    if env is None or not env.torch_threads or env.torch_threads <= 1 or not env.cpus_available:
+    threads = getattr(env, pool, None) if env is not None else None
+    if env is None or not threads or threads <= 1 or not env.cpus_available:
         return None
     others = ev.machine.others_cores if ev.machine is not None and ev.machine.others_cores is not None else 0.0
     target = max(1, min(int(env.cpus_available) // max(env.workers, 1), int(env.cpus_available - others + 0.5)))
-    return target if target < env.torch_threads else None
+    return target if target < threads else None
 
 
 def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
@@ -76,3 +83,57 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         Fix("torch-threads", f"torch.set_num_threads({target}) for the model's calls", apply, hits=lambda: count[0],
             release=lambda: pool.shutdown(wait=False))  # fmt: skip
     )
+
+
+def fewer_ort_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
+    target = thread_target(ev, "ort_threads")
+    ort = sys.modules.get("onnxruntime")
+    if target is None or ort is None:
+        return None
+    sessions = list({id(o): o for o, _, _ in seen.owners.values() if isinstance(o, ort.InferenceSession)}.values())
+    if not sessions:
+        return None
+    words = f"sess_options.intra_op_num_threads = {target} for the ONNX Runtime sessions"
+    twins = []
+    for session in sessions:
+        source = getattr(session, "_model_bytes", None) or getattr(session, "_model_path", None)
+        if not source:
+            return WhatIf(fix=words, why_not="a session whose model the doctor cannot read again (neither its path nor its bytes are kept)")
+        opts = session.get_session_options()
+        twin_opts = ort.SessionOptions()
+        for name in ("graph_optimization_level", "execution_mode", "inter_op_num_threads", "enable_mem_pattern", "enable_cpu_mem_arena"):
+            setattr(twin_opts, name, getattr(opts, name))
+        twin_opts.intra_op_num_threads = target
+        twins.append((session, ort.InferenceSession(source, twin_opts, providers=session.get_providers())))
+    count = [0]
+
+    def make(run: Callable[..., Any]) -> Callable[..., Any]:
+        def on_fewer_threads(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return run(*args, **kwargs)
+
+        return on_fewer_threads
+
+    def apply() -> Callable[[], None]:
+        with patching() as patches:
+            for session, twin in twins:
+                patches.method(session, "run", make(twin.run))
+        return patches.undo
+
+    return lab.compare(Fix("ort-threads", words, apply, hits=lambda: count[0], release=twins.clear))
+
+
+def fewer_blas_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
+    target = thread_target(ev, "blas_threads")
+    if target is None or not seen.owners:
+        return None
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+
+    def apply() -> Callable[[], None]:
+        limits = threadpool_limits(limits=target)
+        return limits.restore_original_limits
+
+    return lab.compare(Fix("blas-threads", f"threadpoolctl.threadpool_limits({target}) for numpy's BLAS and OpenMP", apply))
