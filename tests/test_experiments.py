@@ -93,6 +93,8 @@ def test_the_interval_says_its_coverage_when_few_pairs_allow_no_95_percent():
 
     est, low, high, coverage = paired_saving([8.0, 10.0, 12.0])
     assert (est, low, high) == (10.0, 8.0, 12.0) and coverage == 0.75
+    assert paired_saving([4.0, 6.0]) == (5.0, 4.0, 6.0, 0.5)  # (the budget ran out after two pairs)
+    assert paired_saving([float(i) for i in range(6)])[1:] == (0.0, 5.0, pytest.approx(0.969, abs=1e-3))
     assert paired_saving([float(i) for i in range(8)])[1:] == (1.0, 6.0, pytest.approx(0.961, abs=1e-3))
 
 
@@ -301,6 +303,15 @@ def test_classes_and_functions_are_keyed_by_name_and_need_not_be_kept():
     key_of(Slow(1), ids=ids)
     assert len(ids) == 1  # an instance is known by identity only: the memo must keep it to trust the key
 
+    def make(v):
+        return lambda: v
+
+    ids = []
+    assert key_of(make(1), ids=ids)[0] == "obj" and len(ids) == 1  # a closure made per request: by identity, kept
+    ids = []
+    key_of(type("PerRequest", (), {}), ids=ids)
+    assert len(ids) == 1  # a class made per request too
+
 
 def test_keys_follow_content_not_identity(tmp_path):
     p = tmp_path / "w.bin"
@@ -485,11 +496,12 @@ def test_fewer_onnx_runtime_threads_run_on_a_twin_session_of_that_size():
     ev = Evidence(environment=Environment(ort_threads=4, cpus_available=2), machine=Machine(others_cores=1.0), warm=Warm(requests=3))
     out = fewer_ort_threads(ev, lab(Endpoint()), Seen(owners={"fp": (session, "run", None)}))
     assert out.tried and out.answers == "same" and out.hits >= 4 and "intra_op_num_threads = 1" in out.fix
+    assert out.extra_mb is not None  # the twin is built within the blocks, where the memory bound reads it
     assert None in ran and any(r is not None for r in ran) and "run" not in vars(session)  # undone
     assert session.get_session_options().intra_op_num_threads == 4  # the endpoint's own session as it was
 
 
-def test_fewer_blas_threads_are_limited_for_the_fixed_blocks_only():
+def test_fewer_blas_threads_are_limited_around_the_model_calls_of_the_fixed_blocks_only():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from servescope.doctor.evidence import Environment, Machine
     from servescope.doctor.experiments.threads import fewer_blas_threads
@@ -502,16 +514,26 @@ def test_fewer_blas_threads_are_limited_for_the_fixed_blocks_only():
         pytest.skip("numpy's BLAS runs on one thread here: there is no smaller pool to try")
     sizes = []
 
-    class Endpoint(FakeEndpoint):
-        def request(self, body, timeout_s):
+    class Estimator:
+        def predict(self, x):
             sizes.append(largest())
-            return Observation(5.0, answer=float(np.ones((4, 4)).sum()))
+            return x @ x
+
+    est = Estimator()
+
+    class Endpoint(FakeEndpoint):
+        def request(self, body, timeout_s):  # (on a thread of its own, as a server's request)
+            out = []
+            t = threading.Thread(target=lambda: out.append(est.predict(np.ones((4, 4)))))
+            t.start()
+            t.join()
+            return Observation(5.0, answer=out[0])
 
     ev = Evidence(environment=Environment(blas_threads=before, cpus_available=before), machine=Machine(others_cores=before - 0.8),
                   warm=Warm(requests=3))  # fmt: skip
-    out = fewer_blas_threads(ev, lab(Endpoint()), Seen(owners={"fp": (object(), "predict", None)}))
-    assert out.tried and "threadpool_limits(1)" in out.fix
-    assert 1 in sizes and before in sizes and largest() == before
+    out = fewer_blas_threads(ev, lab(Endpoint()), Seen(owners={"fp": (est, "predict", None)}))
+    assert out.tried and "threadpool_limits(1)" in out.fix and out.hits >= 4
+    assert 1 in sizes and before in sizes and largest() == before and "predict" not in vars(est)
 
 
 def test_a_streamed_answers_steps_run_off_the_servers_loop_in_order():

@@ -389,12 +389,19 @@ def test_threads_beyond_the_cpus_other_processes_leave_free_are_a_misfit_when_fe
 def test_an_onnx_runtime_pool_too_big_for_the_cpus_left_free_gets_the_saving_measured_with_fewer():
     from servescope.doctor.evidence import Machine
 
-    busy = healthy(machine=Machine(cpus_available=2, others_cores=1.1, busy=True), environment=Environment(ort_threads=2, cpus_available=2))
+    # three pools of one size: the one fewer threads measurably beat is named
+    env = Environment(torch_threads=2, blas_threads=2, ort_threads=2, cpus_available=2)
+    busy = healthy(machine=Machine(cpus_available=2, others_cores=1.1, busy=True), environment=env)
     assert diagnose_evidence(busy).findings == []
     busy.experiments["ort-threads"] = WhatIf(fix="intra_op_num_threads = 1", tried=True, pairs=6, base_p50_ms=30.0, fixed_p50_ms=20.0,
                                              saving_ms=10.0, low_ms=8.0, high_ms=12.0)  # fmt: skip
+    busy.experiments["torch-threads"] = WhatIf(fix="torch", tried=True, pairs=6, base_p50_ms=30.0, fixed_p50_ms=30.5,
+                                               saving_ms=-0.5, low_ms=-2.0, high_ms=1.0)  # fmt: skip
     [f] = diagnose_evidence(busy).findings
     assert f.id == "thread-oversubscription" and "intra_op_num_threads = 1" in f.fix and f.saving_basis == "measured" and f.saving_ms == 10.0
+    # a win on three pairs (an interval at 75%) is not one to name a misfit by
+    busy.experiments["ort-threads"].coverage = 0.75
+    assert diagnose_evidence(busy).findings == []
 
 
 def test_the_thread_count_tried_is_what_the_cpus_really_free_allow():

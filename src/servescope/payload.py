@@ -116,17 +116,19 @@ def multipart_form(files: list[tuple[str, str | Path]]) -> tuple[bytes, str]:
     return multipart_body([(field, Path(path).name, read_body(path)) for field, path in files])
 
 
-def multipart_body(parts: list[tuple[str, str, bytes]]) -> tuple[bytes, str]:
-    """The ``multipart/form-data`` body of ``(field, file name, content)`` uploads, and its Content-Type."""
+def multipart_body(parts: list[tuple[str, str, bytes]], boundary: str | None = None) -> tuple[bytes, str]:
+    """The ``multipart/form-data`` body of ``(field, file name, content)`` uploads, and its
+    Content-Type; with ``boundary`` when no file holds it (another body for the same header)."""
     heads = []
     for field, filename, data in parts:
         ctype = mimetypes.guess_type(filename)[0] or "application/octet-stream"
         head = f'Content-Disposition: form-data; name="{_quoted(field)}"; filename="{_quoted(filename)}"\r\nContent-Type: {ctype}'
         heads.append((head.encode("utf-8"), data))
     while True:  # a boundary that no file holds
-        boundary = f"servescope-{secrets.token_hex(16)}"
+        boundary = boundary or f"servescope-{secrets.token_hex(16)}"
         marker = b"--" + boundary.encode()
         if not any(marker in data for _, data in heads):
             break
+        boundary = None
     body = b"".join(marker + b"\r\n" + head + b"\r\n\r\n" + data + b"\r\n" for head, data in heads) + marker + b"--\r\n"
     return body, f"multipart/form-data; boundary={boundary}"

@@ -53,8 +53,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("give a TARGET (path/to/file.py:name) or --url URL, not both")
     if args.body and args.file:
         raise ConfigError("--file sends a form upload as the body: it does not go with --body")
-    if args.method in ("GET", "DELETE") and (args.body or args.file):
-        raise ConfigError(f"{args.method} with a body: a {args.method} carries its input in the query string (--path '/route?x=1'); drop --body/--file")
+    if args.method == "GET" and (args.body or args.file):
+        raise ConfigError("GET with a body: a GET carries its input in the query string (--path '/route?x=1'); drop --body/--file")
     payload = read_json(args.body, max_bytes=MAX_DOCTOR_BYTES, why="the doctor sends it dozens of times, concurrently") if args.body else None
     files = tuple((f, str(Path(p).resolve())) for f, p in args.file)  # (the child runs elsewhere)
     options = DoctorOptions(

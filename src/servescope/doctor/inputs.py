@@ -227,10 +227,12 @@ def _vary_ints(values: list[int]) -> list[int]:
     """The middle number changed to another the array already holds (its smallest or largest:
     a pixel stays a pixel, a token id stays in the vocabulary)."""
     lo, hi = min(values), max(values)
+    if lo == hi:  # a constant array (a mask of ones) is no content: any other value would be out of range
+        return values
     mid = len(values) // 2
     out = list(values)
     out[mid] = lo if values[mid] != lo else hi
-    return out if out != values else [*values[:mid], values[mid] + 1, *values[mid + 1 :]]
+    return out
 
 
 _B64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_\n\r")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import sys
 import types
 from typing import Any
 
@@ -69,12 +70,15 @@ def key_of(x: Any, depth: int = 0, ids: list[int] | None = None) -> Any:
             return ("file", key_of(x.name, depth + 1), x.tell())
         except (OSError, ValueError):
             pass
-    if isinstance(x, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-        # classes, modules and functions live as long as the program (``AutoTokenizer`` is the
-        # first argument of ``AutoTokenizer.from_pretrained``): by name, with no need to be kept
-        name = getattr(x, "__qualname__", None) or getattr(x, "__name__", "")
-        owner = getattr(x, "__self__", None)
-        return ("def", getattr(x, "__module__", None), name, id(x), None if owner is None else key_of(owner, depth + 1, ids))
+    if isinstance(x, types.MethodType):  # a bound method: its function and its object
+        return ("method", key_of(x.__func__, depth + 1, ids), key_of(x.__self__, depth + 1, ids))
+    if isinstance(x, types.ModuleType):
+        return ("module", x.__name__)
+    if isinstance(x, (type, types.FunctionType, types.BuiltinFunctionType)) and _named(x):
+        # a class or function its module names (``AutoTokenizer``, the first argument of
+        # ``AutoTokenizer.from_pretrained``) lives as long as the program: by its name, with no
+        # need to be kept; a lambda, a closure or a class made per request is known by identity
+        return ("def", x.__module__, x.__qualname__)
     mod = type(x).__module__
     if mod.startswith("torch") and type(x).__name__ in ("device", "dtype"):
         return str(x)
@@ -89,3 +93,14 @@ def key_of(x: Any, depth: int = 0, ids: list[int] | None = None) -> Any:
     if ids is not None:
         ids.append(id(d) if isinstance(d, dict) else id(x))
     return ("obj", id(d)) if isinstance(d, dict) else ("id", id(x))
+
+
+def _named(x: Any) -> bool:
+    """Whether ``x`` is what its module's namespace names by its qualified name."""
+    mod, qualname = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
+    if not isinstance(mod, str) or not isinstance(qualname, str) or "<" in qualname:
+        return False
+    obj: Any = sys.modules.get(mod)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj is x

@@ -2,8 +2,9 @@
 (JSON, or a multipart form with files), and another request like it with what reaches the
 model changed (is the model's input the same whatever it is asked?).
 
-    send = Send.of({"text": "hi"}, method="POST", path="/predict")
-    send = Send.of(None, method="PUT", path="/v1/embed", files=[("image", "cat.jpg", raw)])
+    send = Send.of({"text": "hi"}, path="/predict")
+    send = Send.of(path="/v1/embed", files=[("image", "cat.jpg", raw)])
+    method = route_method(app_routes, send, None)      # the route's own, or refused
     other, why = send.varied()     # (None, why) when nothing in it can be varied
 
 ``route_method`` picks the route's own method when the app declares one, and refuses a method
@@ -12,6 +13,7 @@ the route does not take, naming those it does.
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 from dataclasses import dataclass, field
@@ -32,7 +34,6 @@ BODY_METHODS = ("POST", "PUT", "PATCH")
 
 @dataclass(frozen=True)
 class Send:
-    method: str = "POST"
     path: str = "/predict"
     payload: Any = None  # the JSON body, parsed; None: no JSON body
     files: tuple[tuple[str, str, bytes], ...] = ()  # (field, file name, content) of a form upload
@@ -40,15 +41,17 @@ class Send:
     content_type: str | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, payload: Any = None, *, method: str = "POST", path: str = "/predict", files: Any = ()) -> Send:
+    def of(cls, payload: Any = None, *, path: str = "/predict", files: Any = (), boundary: str | None = None) -> Send:
         files = tuple(files)
+        if files and payload is not None:
+            raise ConfigError("a form upload is the body: send a JSON payload or files, not both")
         if files:
-            body, ctype = multipart_body(list(files))
+            body, ctype = multipart_body(list(files), boundary)
         elif payload is not None:
             body, ctype = orjson.dumps(payload), "application/json"
         else:
             body, ctype = b"", None
-        return cls(method, path, payload, files, body, ctype)
+        return cls(path, payload, files, body, ctype)
 
     def varied(self) -> tuple[Send | None, str]:
         """Another request of the same shape with what reaches the model changed, or None and why not."""
@@ -56,13 +59,16 @@ class Send:
         if self.files:
             files = tuple((f, name, _vary_file(data)) for f, name, data in self.files)
             changed = files != self.files or path != self.path
-            return (Send.of(method=self.method, path=path, files=files) if changed else None), (
-                "" if changed else "the uploaded files are neither images nor text, so they were not varied"
-            )
+            # the same boundary: the endpoint sends every body with the first one's Content-Type
+            boundary = (self.content_type or "").partition("boundary=")[2] or None
+            other = Send.of(path=path, files=files, boundary=boundary) if changed else None
+            if other is not None and other.content_type != self.content_type:
+                return None, "the varied files hold the form's boundary"
+            return other, "" if changed else "the uploaded files are neither images nor text, so they were not varied"
         payload = vary(self.payload) if self.payload is not None else None
         if payload == self.payload and path == self.path:
             return None, "the request has no text, decimal number, array or image to vary"
-        return Send.of(payload, method=self.method, path=path), ""
+        return Send.of(payload, path=path), ""
 
     def describe(self, method: str | None) -> str:
         """What was sent, in words: "PUT /v1/embed, a JSON body"; a handler's: "a JSON payload"."""
@@ -71,8 +77,9 @@ class Send:
 
 
 def _vary_query(path: str) -> str:
-    """The query string's values varied as JSON strings and numbers would be (``?q=cat`` ->
-    ``?q=cat and more``; ``?k=5`` stays: whole numbers are often ids and counts)."""
+    """The query string's free text and decimals varied (``?q=red shoes`` -> ``?q=red shoes
+    and more``); whole numbers (ids, counts), switches (``true``) and short codes (``en``)
+    stay, as the endpoint may refuse other values."""
     route, sep, query = path.partition("?")
     if not sep:
         return path
@@ -82,10 +89,16 @@ def _vary_query(path: str) -> str:
         try:
             number = float(v)
         except ValueError:
-            out.append((k, vary(v)))
+            free_text = (" " in v or len(v) >= 4) and v.lower() not in _SWITCHES
+            out.append((k, vary(v) if free_text else v))
             continue
-        out.append((k, v if number.is_integer() and "." not in v else f"{vary(number):.6g}"))
+        decimal = "." in v and math.isfinite(number)
+        out.append((k, f"{vary(number):.6g}" if decimal else v))
     return route + "?" + urllib.parse.urlencode(out)
+
+
+#: query values that are switches, not text (left as they are, as short codes like ``en``)
+_SWITCHES = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null", "auto"})
 
 
 def _vary_file(data: bytes) -> bytes:
@@ -118,10 +131,10 @@ def _route_pattern(route: str) -> re.Pattern[str]:
 
 def allowed_methods(routes: list[tuple[str, list[str]]], path: str) -> list[str] | None:
     """The methods the app's routes take at ``path`` (its query string aside); None when the
-    app lists no route there (or lists none at all: a plain ASGI callable)."""
+    app lists no route there (or lists none at all: a plain ASGI callable), or one there takes any."""
     route = path.partition("?")[0]
     found = [m for p, m in routes if _route_pattern(p).match(route)]
-    if not found:
+    if not found or any(not ms for ms in found):  # (a route that lists no methods takes any)
         return None
     return sorted({x for ms in found for x in ms if x not in ("HEAD", "OPTIONS")} or {"GET"})
 
@@ -139,8 +152,10 @@ def route_method(routes: list[tuple[str, list[str]]], send: Send, given: str | N
         method = allowed[0]
     elif allowed is not None and not has_body and "GET" in allowed:
         method = "GET"
-    else:
-        method = "POST" if has_body or allowed is None or "POST" in allowed else allowed[0]
+    elif allowed is None:
+        method = "POST" if has_body else "GET"
+    else:  # (a route that takes several: the one that fits the request)
+        method = next((m for m in ("POST", *BODY_METHODS) if m in allowed), allowed[0]) if has_body else allowed[0]
     if method == "GET" and has_body:
         raise ConfigError(f"GET {send.path} with a body: a GET carries its input in the query string (--path '/route?x=1'); drop --body")
     if method in BODY_METHODS and not has_body:

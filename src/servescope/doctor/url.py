@@ -15,7 +15,7 @@ from ..report import Report
 from ..sections import Diagnosis, Load, Verdict
 from .evidence import Cold, Concurrent, Evidence, Warm
 from .run import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
-from .send import Send
+from .send import BODY_METHODS, Send
 
 __all__ = ["diagnose_url"]
 
@@ -31,6 +31,8 @@ def diagnose_url(url: str, *, payload: Any = None, options: DoctorOptions | None
     method = options.method or ("POST" if send.body else "GET")
     if method == "GET" and send.body:
         raise ConfigError("GET with a body: a GET carries its input in the URL's query string; drop --body")
+    if method in BODY_METHODS and not send.body:
+        raise ConfigError(f"{method} takes a body: give --body FILE (JSON) or --file FIELD=PATH")
     bodies = [send.body] if send.body else None
     common = dict(method=method, bodies=bodies, content_type=send.content_type, timeout_s=options.timeout_s, warmup_s=0.0)
     started = time.perf_counter()

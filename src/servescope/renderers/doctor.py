@@ -23,7 +23,8 @@ def _ms(v: float) -> str:
 
 def saving_text(f: Finding) -> str:
     """The saving in the unit and at the load it has, and whether the fix was tried:
-    "~140 ms/request to gain at c=1 (measured, 128-152)" or "... (estimated)"."""
+    "~140 ms/request to gain at c=1 (measured, 128-152)", an interval under 95% with its
+    coverage ("measured, 30-52 at 75%"), or "... (estimated)"."""
     if not f.saving_ms:
         return ""
     if f.saving_per == "first request":
@@ -32,7 +33,8 @@ def saving_text(f: Finding) -> str:
         text = f"~{_ms(f.saving_ms)} ms/request to gain" + (f" at {f.saving_load}" if f.saving_load else "")
     if f.saving_basis == "measured":
         lo, hi = f.saving_low_ms, f.saving_high_ms
-        text += f" (measured, {_ms(max(lo, 0.0))}-{_ms(hi)})" if lo is not None and hi is not None else " (measured)"
+        level = f" at {f.saving_coverage:.0%}" if f.saving_coverage is not None and f.saving_coverage < 0.95 else ""
+        text += f" (measured, {_ms(max(lo, 0.0))}-{_ms(hi)}{level})" if lo is not None and hi is not None else " (measured)"
     elif f.saving_basis == "estimated":
         text += " (estimated)"
     return text

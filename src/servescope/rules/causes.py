@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..doctor.evidence import Evidence, MissingEvidence
+from ..doctor.evidence import Evidence, MissingEvidence, WhatIf
 from ..report import Finding
 from .savings import BUSY_CORES, measured_or_estimated, severity
 
@@ -407,6 +407,18 @@ def slow_stages(ev: Evidence) -> list[Finding]:
     return out
 
 
+_THREAD_EXPERIMENT = {"torch_threads": "torch-threads", "onnxruntime_threads": "ort-threads", "blas_threads": "blas-threads"}
+
+
+def _fewer_threads_won(ev: Evidence, experiment: str) -> WhatIf | None:
+    """The experiment, when fewer threads won measurably: the low end of an interval of at
+    least 90% above zero, and a saving of ``CONTENTION_SHARE`` of the p50."""
+    w = ev.tried(experiment)
+    if w is None or (w.low_ms or 0.0) <= 0 or (w.coverage is not None and w.coverage < 0.9):
+        return None
+    return w if (w.saving_ms or 0.0) >= CONTENTION_SHARE * (w.base_p50_ms or 0.0) else None
+
+
 def thread_oversubscription(ev: Evidence) -> list[Finding]:
     env = ev.need("environment")
     cpus = env.cpus_available
@@ -414,8 +426,10 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
     pools = {k: v for k, v in pools.items() if v}
     if not pools or not cpus:
         return []
-    worst, threads = max(pools.items(), key=lambda kv: kv[1])
-    used = threads * env.workers
+    # the pool named: the one fewer threads measurably beat the most, else the largest
+    won = {k: w for k in pools if (w := _fewer_threads_won(ev, _THREAD_EXPERIMENT[k])) is not None}
+    worst = max(won, key=lambda k: won[k].saving_ms or 0.0) if won else max(pools, key=lambda k: pools[k])
+    experiment, used = _THREAD_EXPERIMENT[worst], pools[worst] * env.workers
     # the CPUs really free: what other processes kept busy during the warm requests is not
     # this endpoint's to spin on (a neighbour, a sidecar, a batch job on the node)
     others = ev.machine.others_cores if ev.machine is not None and ev.machine.others_cores is not None else 0.0
@@ -423,9 +437,7 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
     contended = others >= BUSY_CORES and used > free + 0.5
     if used <= cpus and not contended:
         return []
-    experiment = {"torch_threads": "torch-threads", "onnxruntime_threads": "ort-threads", "blas_threads": "blas-threads"}[worst]
-    tried = ev.tried(experiment)
-    if used <= cpus and (tried is None or (tried.low_ms or 0.0) <= 0 or (tried.saving_ms or 0.0) < CONTENTION_SHARE * (tried.base_p50_ms or 0.0)):
+    if used <= cpus and worst not in won:
         # a neighbour comes and goes: only a pool that fewer threads measurably beat on this
         # machine, now, is a misfit worth naming (a timing, not a count, so it must be measured)
         return []

@@ -39,13 +39,15 @@ class Saving:
     detail: str
     low_ms: float | None = None
     high_ms: float | None = None
+    coverage: float | None = None
     #: the p50 the saving is a share of (the unchanged endpoint's, at that load)
     p50_ms: float = 0.0
 
     def fields(self) -> dict[str, object]:
         if self.ms is None:
             return {}
-        return {"saving_basis": self.basis, "saving_low_ms": self.low_ms, "saving_high_ms": self.high_ms, "saving_load": self.load}
+        return {"saving_basis": self.basis, "saving_low_ms": self.low_ms, "saving_high_ms": self.high_ms,
+                "saving_coverage": self.coverage, "saving_load": self.load}  # fmt: skip
 
     def severity(self) -> str:
         """From the share of the p50 the fix saves; a measured saving from the low end of its
@@ -109,4 +111,5 @@ def _measured(w: WhatIf, experiment: str) -> Saving:
         f"Measured by trying the fix on this endpoint ({w.fix}): {what} {_ms(w.base_p50_ms or 0.0)} -> {_ms(w.fixed_p50_ms or 0.0)} ms "
         f"at {load}{rate}; saving {gain}, from {w.pairs} pairs of request blocks; answers {w.answers or 'not compared'}.{busy}"
     )
-    return Saving(ms=round(saving, 3), basis="measured", load=load, detail=detail, low_ms=w.low_ms, high_ms=w.high_ms, p50_ms=w.base_p50_ms or 0.0)
+    return Saving(ms=round(saving, 3), basis="measured", load=load, detail=detail, low_ms=w.low_ms, high_ms=w.high_ms,
+                  coverage=w.coverage, p50_ms=w.base_p50_ms or 0.0)  # fmt: skip

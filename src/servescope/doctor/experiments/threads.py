@@ -94,46 +94,70 @@ def fewer_ort_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     if not sessions:
         return None
     words = f"sess_options.intra_op_num_threads = {target} for the ONNX Runtime sessions"
-    twins = []
-    for session in sessions:
-        source = getattr(session, "_model_bytes", None) or getattr(session, "_model_path", None)
-        if not source:
-            return WhatIf(fix=words, why_not="a session whose model the doctor cannot read again (neither its path nor its bytes are kept)")
-        opts = session.get_session_options()
-        twin_opts = ort.SessionOptions()
-        for name in ("graph_optimization_level", "execution_mode", "inter_op_num_threads", "enable_mem_pattern", "enable_cpu_mem_arena"):
-            setattr(twin_opts, name, getattr(opts, name))
-        twin_opts.intra_op_num_threads = target
-        twins.append((session, ort.InferenceSession(source, twin_opts, providers=session.get_providers())))
+    if not all(getattr(s, "_model_bytes", None) or getattr(s, "_model_path", None) for s in sessions):
+        return WhatIf(fix=words, why_not="a session whose model the doctor cannot read again (neither its path nor its bytes are kept)")
+    twins: dict[int, Any] = {}  # built by the first fixed block: after the lab's time and memory are read
     count = [0]
 
-    def make(run: Callable[..., Any]) -> Callable[..., Any]:
+    def twin_of(session: Any) -> Any:
+        if id(session) not in twins:
+            opts = session.get_session_options()
+            twin_opts = ort.SessionOptions()
+            for name in ("graph_optimization_level", "execution_mode", "inter_op_num_threads", "enable_mem_pattern", "enable_cpu_mem_arena"):
+                setattr(twin_opts, name, getattr(opts, name))
+            twin_opts.intra_op_num_threads = target
+            providers = session.get_providers()
+            provider_options = session.get_provider_options()
+            source = getattr(session, "_model_bytes", None) or session._model_path
+            twins[id(session)] = ort.InferenceSession(
+                source, twin_opts, providers=providers, provider_options=[provider_options.get(p, {}) for p in providers]
+            )
+        return twins[id(session)]
+
+    def make(session: Any) -> Callable[..., Any]:
+        twin = twin_of(session)
+
         def on_fewer_threads(*args: Any, **kwargs: Any) -> Any:
             count[0] += 1
-            return run(*args, **kwargs)
+            return twin.run(*args, **kwargs)
 
         return on_fewer_threads
 
     def apply() -> Callable[[], None]:
         with patching() as patches:
-            for session, twin in twins:
-                patches.method(session, "run", make(twin.run))
+            for session in sessions:
+                patches.method(session, "run", make(session))
         return patches.undo
 
     return lab.compare(Fix("ort-threads", words, apply, hits=lambda: count[0], release=twins.clear))
 
 
 def fewer_blas_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
+    """BLAS's pool (OpenBLAS, MKL) is the process's, OpenMP's each thread's own: the limit is
+    set around each model call, on the thread that makes it, and lifted after it."""
     target = thread_target(ev, "blas_threads")
-    if target is None or not seen.owners:
+    targets = list({id(o): (o, m) for o, m, _ in seen.owners.values()}.values())
+    if target is None or not targets:
         return None
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:
         return None
+    controller = ThreadpoolController()
+    count = [0]
+
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def on_fewer_threads(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            with controller.limit(limits=target):
+                return call(*args, **kwargs)
+
+        return on_fewer_threads
 
     def apply() -> Callable[[], None]:
-        limits = threadpool_limits(limits=target)
-        return limits.restore_original_limits
+        with patching() as patches:
+            for obj, method in targets:
+                patches.method(obj, method, make(getattr(obj, method)))
+        return patches.undo
 
-    return lab.compare(Fix("blas-threads", f"threadpoolctl.threadpool_limits({target}) for numpy's BLAS and OpenMP", apply))
+    return lab.compare(Fix("blas-threads", f"threadpoolctl.threadpool_limits({target}) for numpy's BLAS and OpenMP", apply, hits=lambda: count[0]))
