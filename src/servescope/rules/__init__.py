@@ -34,7 +34,7 @@ RULES: dict[str, Rule] = {
     "slow-stages": causes.slow_stages,
     "event-loop-blocked": concurrency.event_loop_blocked,
     "gil-contention": concurrency.gil_contention,
-    "thread-oversubscription": causes.thread_oversubscription,
+    "thread-oversubscription": concurrency.thread_oversubscription,
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..doctor.evidence import Evidence, MissingEvidence, WhatIf
+from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 from .savings import BUSY_CORES, measured_or_estimated, severity
 
@@ -30,7 +30,6 @@ GIL_IDLE_SHARE = 0.5  # of the cores the process left unused, the share that mus
 FAILING_HIGH = 0.1
 REPEATED_SHARE = 0.01
 PADDING_SHARE = 0.5
-CONTENTION_SHARE = 0.05  # fewer threads must save this share of the p50, measured
 MODEL_CALLS = ("torch module hooks", "onnxruntime", "scikit-learn", "sentence-transformers", "transformers.pipeline")
 
 
@@ -405,72 +404,6 @@ def slow_stages(ev: Evidence) -> list[Finding]:
             )
         )
     return out
-
-
-_THREAD_EXPERIMENT = {"torch_threads": "torch-threads", "onnxruntime_threads": "ort-threads", "blas_threads": "blas-threads"}
-
-
-def _fewer_threads_won(ev: Evidence, experiment: str) -> WhatIf | None:
-    """The experiment, when fewer threads won measurably: the low end of an interval of at
-    least 90% above zero, and a saving of ``CONTENTION_SHARE`` of the p50."""
-    w = ev.tried(experiment)
-    if w is None or (w.low_ms or 0.0) <= 0 or (w.coverage is not None and w.coverage < 0.9):
-        return None
-    return w if (w.saving_ms or 0.0) >= CONTENTION_SHARE * (w.base_p50_ms or 0.0) else None
-
-
-def thread_oversubscription(ev: Evidence) -> list[Finding]:
-    env = ev.need("environment")
-    cpus = env.cpus_available
-    pools = {"torch_threads": env.torch_threads, "blas_threads": env.blas_threads, "onnxruntime_threads": env.ort_threads}
-    pools = {k: v for k, v in pools.items() if v}
-    if not pools or not cpus:
-        return []
-    # the pool named: the one fewer threads measurably beat the most, else the largest
-    won = {k: w for k in pools if (w := _fewer_threads_won(ev, _THREAD_EXPERIMENT[k])) is not None}
-    worst = max(won, key=lambda k: won[k].saving_ms or 0.0) if won else max(pools, key=lambda k: pools[k])
-    experiment, used = _THREAD_EXPERIMENT[worst], pools[worst] * env.workers
-    # the CPUs really free: what other processes kept busy during the warm requests is not
-    # this endpoint's to spin on (a neighbour, a sidecar, a batch job on the node)
-    others = ev.machine.others_cores if ev.machine is not None and ev.machine.others_cores is not None else 0.0
-    free = cpus - others
-    contended = others >= BUSY_CORES and used > free + 0.5
-    if used <= cpus and not contended:
-        return []
-    if used <= cpus and worst not in won:
-        # a neighbour comes and goes: only a pool that fewer threads measurably beat on this
-        # machine, now, is a misfit worth naming (a timing, not a count, so it must be measured)
-        return []
-    share = max(1, min(int(cpus) // max(1, env.workers), int(free + 0.5)))
-    fixes = {
-        "torch_threads": f"torch.set_num_threads({share})   # the CPUs free / workers, at start-up",
-        "blas_threads": f"threadpoolctl.threadpool_limits({share})   # numpy/scikit-learn's BLAS and OpenMP pools\n# or OMP_NUM_THREADS={share} OPENBLAS_NUM_THREADS={share} in the environment",
-        "onnxruntime_threads": f"opts = onnxruntime.SessionOptions()\nopts.intra_op_num_threads = {share}\nsession = onnxruntime.InferenceSession(path, opts)",
-    }
-    saving = measured_or_estimated(ev, experiment, estimate_ms=None, estimated_from="")
-    evidence = {**pools, "workers": env.workers, "cpus_available": cpus}
-    if others >= BUSY_CORES:
-        evidence.update(others_cores=round(others, 2), cpus_free=round(free, 2))
-    sev = "high" if used >= 2 * cpus else "medium"
-    if saving is not None and saving.ms is not None:
-        sev = saving.severity()
-    title = (
-        "More compute threads than CPUs: they spin and contend"
-        if used > cpus
-        else f"More compute threads than the CPUs left free by other processes ({free:.1f} of {cpus:g}): they wait for each other"
-    )
-    return [
-        Finding(
-            "thread-oversubscription",
-            sev,
-            title,
-            evidence,
-            fix=fixes[worst] + ("\n# or OMP_NUM_THREADS in the environment" if worst == "torch_threads" else ""),
-            saving_ms=saving.ms if saving is not None and saving.ms else None,
-            detail=saving.detail if saving is not None else "",
-            **(saving.fields() if saving is not None and saving.ms else {}),
-        )
-    ]
 
 
 def repeated_work(ev: Evidence) -> list[Finding]:
