@@ -13,7 +13,7 @@ from typing import Any
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
-from .savings import BUSY_CORES, measured_or_estimated, severity
+from .savings import measured_or_estimated, severity
 
 #: Thresholds (docs/doctor.md).
 NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
