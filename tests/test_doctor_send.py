@@ -211,3 +211,33 @@ def test_bad_route_arguments_are_one_line_and_exit_2(tmp_path, capsys, extra, me
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert message in lines[-1] and (len(lines) == 1 or lines[0].startswith("usage:"))  # (argparse adds its usage line)
+
+
+# -- streamed answers -------------------------------------------------------------------------------
+
+
+def test_a_streamed_answers_first_chunk_and_gaps_are_in_the_figures():
+    import time
+
+    from fastapi.responses import StreamingResponse
+
+    from servescope.renderers.doctor import doctor_sections
+
+    def tokens(payload):
+        for i in range(4):
+            time.sleep(0.02)  # a token every 20 ms
+            yield f"t{i} "
+
+    app, _ = fastapi_app()
+
+    @app.post("/generate")
+    def generate(body: dict):
+        return StreamingResponse(tokens(body), media_type="text/plain")
+
+    for target, path in ((tokens, "/predict"), (app, "/generate")):
+        rep = diagnose(target, payload={"prompt": "hi"}, options=DoctorOptions(path=path, **FAST))
+        warm = rep.extra["evidence"]["warm"]
+        assert 19.0 <= warm["first_chunk_p50_ms"] < 1000 and 19.0 <= warm["chunk_gap_p50_ms"] < 1000, warm
+        assert warm["chunk_gap_p95_ms"] >= warm["chunk_gap_p50_ms"]
+        text = " ".join(str(getattr(x, "plain", "")) for x in doctor_sections(rep))
+        assert "Streamed answers at c=1: first chunk p50" in text and "gaps between chunks p50" in text and "at c=2" in text

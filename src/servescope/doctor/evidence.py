@@ -101,6 +101,9 @@ class Warm:
     max_ms: float | None = None
     #: a streamed answer: time to its first chunk (p50); None for a plain answer
     first_chunk_p50_ms: float | None = None
+    #: a streamed answer: the gaps between its consecutive chunks (p50, p95)
+    chunk_gap_p50_ms: float | None = None
+    chunk_gap_p95_ms: float | None = None
     loads_per_request: float = 0.0
     load_ms_per_request: float = 0.0
     load_calls: list[str] = field(default_factory=list)
@@ -145,6 +148,8 @@ class Concurrent:
     sequential_rps: float | None = None
     p50_ms: float | None = None
     first_chunk_p50_ms: float | None = None  # a streamed answer: time to its first chunk (p50)
+    chunk_gap_p50_ms: float | None = None  # ... and the gaps between its chunks (p50, p95)
+    chunk_gap_p95_ms: float | None = None
     forwards: Forwards | None = None  # None from outside the process (--url)
     loop_lag_max_ms: float | None = None
     loop_lag_p99_ms: float | None = None

@@ -44,7 +44,7 @@ from .evidence import (
 )
 from .batchprobe import batch_probe
 from .probes import Probes
-from .summary import blas_threads, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
+from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
 from .sampler import StackSampler
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
 from .options import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
@@ -363,6 +363,8 @@ class _Run:
             sequential_rps=round(seq_rps, 2) if seq_rps else None,
             p50_ms=round(float(np.percentile([c.latency_ms for c in conc_ok], 50)), 3) if conc_ok else None,
             first_chunk_p50_ms=first_chunk_p50(conc_ok),
+            chunk_gap_p50_ms=chunk_gaps(conc_ok)[0],
+            chunk_gap_p95_ms=chunk_gaps(conc_ok)[1],
             forwards=forwards_of(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
             loop_lag_max_ms=round(max(lag), 3) if lag else None,
             loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,

@@ -12,13 +12,23 @@ from .attribution import construction_window
 from .endpoints import Observation
 from .evidence import Forwards, Repeated, Warm
 
-__all__ = ["blas_threads", "data_load_keys", "first_chunk_p50", "forwards_of", "model_loads", "repeated_of", "warm_of"]
+__all__ = ["blas_threads", "chunk_gaps", "data_load_keys", "first_chunk_p50", "forwards_of", "model_loads", "repeated_of", "warm_of"]
 
 
 def first_chunk_p50(ok: list[Observation]) -> float | None:
     """The p50 time to first chunk of streamed answers, when most answers were streamed."""
     firsts = [o.first_chunk_ms for o in ok if o.first_chunk_ms is not None]
     return round(float(np.percentile(firsts, 50)), 3) if firsts and len(firsts) * 2 >= len(ok) else None
+
+
+def chunk_gaps(ok: list[Observation]) -> tuple[float | None, float | None]:
+    """(p50, p95) of the gaps between streamed answers' consecutive chunks, as their readers
+    waited for them; (None, None) when no answer came in two chunks or more."""
+    gaps = [g for o in ok for g in o.chunk_gaps_ms]
+    if not gaps:
+        return None, None
+    p50, p95 = np.percentile(gaps, [50, 95])
+    return round(float(p50), 3), round(float(p95), 3)
 
 
 def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
@@ -129,6 +139,8 @@ def warm_of(obs: list[Observation], data_keys: frozenset[int] = frozenset()) -> 
         p90_ms=round(float(np.percentile([o.latency_ms for o in ok], 90)), 4) if ok else None,
         max_ms=round(max(o.latency_ms for o in ok), 4) if ok else None,
         first_chunk_p50_ms=first_chunk_p50(ok),
+        chunk_gap_p50_ms=chunk_gaps(ok)[0],
+        chunk_gap_p95_ms=chunk_gaps(ok)[1],
         loads_per_request=round(statistics.mean(len(c) for c in loads), 3) if loads else 0.0,
         load_ms_per_request=_mean([sum(ms for _, ms in c) for c in loads]),
         load_calls=sorted({label for c in loads for label, _ in c}),

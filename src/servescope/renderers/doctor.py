@@ -78,11 +78,28 @@ def _machine(report: Report) -> list[Any]:
     return [Text(text, style="yellow")]
 
 
+def _streamed(report: Report) -> list[Any]:
+    """A streamed answer's figures, at each load: what its reader waits for."""
+    evidence = (report.diagnosis.evidence if report.diagnosis is not None else None) or {}
+    parts = []
+    for phase, load in (("warm", "c=1"), ("concurrent", None)):
+        e = evidence.get(phase) or {}
+        if not isinstance(e, dict) or e.get("first_chunk_p50_ms") is None:
+            continue
+        at = load or f"c={e.get('concurrency')}"
+        text = f"at {at}: first chunk p50 {_ms(e['first_chunk_p50_ms'])} ms"
+        if e.get("chunk_gap_p50_ms") is not None:
+            text += f", gaps between chunks p50 {_ms(e['chunk_gap_p50_ms'])} ms, p95 {_ms(e['chunk_gap_p95_ms'])} ms"
+        parts.append(text)
+    return [Text("Streamed answers " + "; ".join(parts) + ".")] if parts else []
+
+
 def doctor_sections(report: Report) -> list[Any]:
     out = _verdict(report)
     if out:
         return out
     out.extend(_machine(report))
+    out.extend(_streamed(report))
     findings = report.findings_by_severity()
     if not findings:
         out.append(Text("No problems found.", style="bold green"))

@@ -29,6 +29,8 @@ class Observation:
     #: a streamed answer (chunked, Server-Sent Events, a handler that returns a generator):
     #: when its first chunk came, ms after the request was sent; None for a plain answer
     first_chunk_ms: float | None = None
+    #: the gaps between its consecutive chunks (ms), as its reader waits for them
+    chunk_gaps_ms: list[float] = field(default_factory=list)
 
 
 class Endpoint(Protocol):

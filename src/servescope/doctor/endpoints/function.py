@@ -138,7 +138,7 @@ class FunctionEndpoint:
         ev = new_evidence()
         tr = Trace()
         t0 = time.perf_counter_ns()
-        first: list[int] = []  # a streamed answer: when its first item came
+        first: list[int] = []  # a streamed answer: when each item came
         if self.is_async and not self.off_loop:
             assert self._loop is not None
 
@@ -172,7 +172,8 @@ class FunctionEndpoint:
             err = describe_failure(exc)
         latency = (time.perf_counter_ns() - t0) / 1e6
         first_ms = (first[0] - t0) / 1e6 if first else None
-        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev, answer, first_ms)
+        gaps = [(b - a) / 1e6 for a, b in zip(first, first[1:])]
+        return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev, answer, first_ms, gaps)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
@@ -212,13 +213,12 @@ async def _call_async(fn: Callable[..., Any], payload: Any) -> Any:
 
 def _drain(out: Any, first: list[int]) -> Any:
     """A handler that returns a generator streams its answer: read it to its end, as a server
-    sends it, noting when its first item came (the items are the answer)."""
+    sends it, noting when each item came (the items are the answer)."""
     if not inspect.isgenerator(out):
         return out
     items = []
     for item in out:
-        if not first:
-            first.append(time.perf_counter_ns())
+        first.append(time.perf_counter_ns())
         items.append(item)
     return items
 
@@ -228,8 +228,7 @@ async def _drain_async(answer: Any, first: list[int]) -> Any:
     if inspect.isasyncgen(out):
         items = []
         async for item in out:
-            if not first:
-                first.append(time.perf_counter_ns())
+            first.append(time.perf_counter_ns())
             items.append(item)
         return items
     return _drain(out, first)

@@ -118,6 +118,7 @@ class _HTTPEndpoint:
         rid = str(self._next_id)
         t0 = time.perf_counter_ns()
         status, err, data, first = None, None, None, None
+        arrivals: list[int] = []
         deadline = time.monotonic() + timeout_s
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
         try:
@@ -134,8 +135,9 @@ class _HTTPEndpoint:
                     chunk = resp.read1(65536)
                     if not chunk:
                         break
+                    arrivals.append(time.perf_counter_ns())
                     if first is None:
-                        first = (time.perf_counter_ns() - t0) / 1e6
+                        first = (arrivals[0] - t0) / 1e6
                     chunks.append(chunk)
                 data = b"".join(chunks)
             else:
@@ -155,7 +157,8 @@ class _HTTPEndpoint:
             time.sleep(0.0005)
             found = self.collector.find(rid)
         tr, ev = found or (None, None)
-        return Observation(latency, status, err, tr, ev or {}, data, first)
+        gaps = [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])]
+        return Observation(latency, status, err, tr, ev or {}, data, first, gaps)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
@@ -187,8 +190,10 @@ class _HTTPEndpoint:
             err = error_kind(r)
             m = _ID_IN_TIMING.search(r[4]) if isinstance(r[4], bytes) else None
             tr, ev = (self.collector.find(m.group(1).decode("latin-1")) if m else None) or (None, None)
-            first = (r.stream[2][0] - r.sent_ns) / 1e6 if r.stream and r.stream[2] else None
-            obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}, None, first))
+            times = r.stream[2] if r.stream else None
+            first = (times[0] - r.sent_ns) / 1e6 if times else None
+            gaps = [(b - a) / 1e6 for a, b in zip(times, times[1:])] if times else []
+            obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}, None, first, gaps))
         self.collector.forget()
         return obs, elapsed
 
