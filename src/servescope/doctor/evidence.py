@@ -122,6 +122,14 @@ class Warm:
     copy_bytes_per_request: float = 0.0
     forwards: Forwards = field(default_factory=Forwards)
     errors_sample: list[str] = field(default_factory=list)
+    #: a decoder recomputing its prefix: calls with token ids one longer each step and no
+    #: cache, per request (steps, the ids' lengths at the first and last), and the time those
+    #: steps spent beyond what each would cost at the shortest one's (an under-estimate of
+    #: what a cache saves: with it, a step reads one new token)
+    recompute_steps_per_request: float = 0.0
+    recompute_seq_first: int | None = None
+    recompute_seq_last: int | None = None
+    recompute_ms_per_request: float = 0.0
 
 
 @dataclass

@@ -56,6 +56,19 @@ def first_array(obj: Any) -> Any:
     return None
 
 
+#: keyword arguments that hand a decoder the cache of the tokens it has seen
+_CACHE_ARGS = ("past_key_values", "past", "cache_params", "layer_past")
+
+
+def decode_step(inputs: Any) -> tuple[int | None, bool]:
+    """(the length of a call's token ids, whether it was handed a cache): a decoder recomputing
+    its whole prefix is called with ids one longer every step and no cache."""
+    ids = next((leaf for _, leaf in leaves(inputs) if len(getattr(leaf, "shape", ())) == 2 and "int" in str(getattr(leaf, "dtype", ""))), None)
+    kwargs = inputs[1] if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], Mapping) else {}
+    cached = any(kwargs.get(k) is not None for k in _CACHE_ARGS)
+    return (int(ids.shape[1]) if ids is not None else None), cached
+
+
 def texts_of(obj: Any, depth: int = 0) -> list[str] | None:
     """The texts a model call was given (``encode(["a", "b"])``, ``pipe("a")``), when its inputs
     are texts rather than arrays."""

@@ -36,7 +36,7 @@ import weakref
 from typing import Any, Callable
 
 from ..timing import current_stage_name, stage
-from .inputs import detached, fingerprint, first_array, pad_share, replicate, text_batch
+from .inputs import decode_step, detached, fingerprint, first_array, pad_share, replicate, text_batch
 from .context import _evidence, _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
 from .keys import key_of
 from .late import ImportWatch
@@ -340,7 +340,10 @@ class Probes(StackProbes, TorchCallProbes):
         x = first_array(inputs)
         device = getattr(x, "device", None)
         texts = text_batch(inputs) if x is None else None
+        seq, cached = decode_step(inputs)
         return {
+            "seq": seq,
+            "cached": cached,
             "batch": int(x.shape[0]) if x is not None and len(x.shape) > 0 else texts,
             "input_device": str(device) if device is not None else ("cpu" if x is not None else None),
             "grad": bool(torch is not None and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()),

@@ -31,6 +31,28 @@ def chunk_gaps(ok: list[Observation]) -> tuple[float | None, float | None]:
     return round(float(p50), 3), round(float(p95), 3)
 
 
+#: a prefix recomputed this many steps in a row is a decoding loop without a cache
+RECOMPUTE_STEPS = 4
+
+
+def recomputed(calls: list[dict[str, Any]]) -> tuple[int, int | None, int | None, float]:
+    """The longest run of model calls whose token ids grew by one each step with no cache:
+    (steps, first length, last length, ms beyond each step at the run's shortest)."""
+    best: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for f in calls:
+        seq = f.get("seq")
+        if seq is None or f.get("cached"):
+            run = []
+            continue
+        run = run + [f] if run and seq == run[-1]["seq"] + 1 else [f]
+        best = run if len(run) > len(best) else best
+    if len(best) < RECOMPUTE_STEPS:
+        return 0, None, None, 0.0
+    times = [f.get("ms", 0.0) for f in best]
+    return len(best), best[0]["seq"], best[-1]["seq"], sum(times) - len(times) * min(times)
+
+
 def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
     def kept(o: Observation) -> list[dict[str, Any]]:
         return [f for f in o.evidence.get("forwards", []) if f.get("fp") is None or f.get("fp") not in skip]
@@ -131,8 +153,14 @@ def warm_of(obs: list[Observation], data_keys: frozenset[int] = frozenset()) -> 
         return round(statistics.mean(o.evidence.get(key, 0) for o in ok), 3) if ok else 0.0
 
     loads = [model_loads(o.evidence, data_keys) for o in ok]
+    decode = [recomputed(o.evidence.get("forwards", [])) for o in ok]
+    decoding = [d for d in decode if d[0]]
 
     return Warm(
+        recompute_steps_per_request=_mean([d[0] for d in decode]),
+        recompute_seq_first=decoding[0][1] if decoding else None,
+        recompute_seq_last=max(d[2] for d in decoding) if decoding else None,
+        recompute_ms_per_request=_mean([d[3] for d in decode]),
         requests=len(obs),
         errors=sum(1 for o in obs if o.error),
         p50_ms=round(float(np.percentile([o.latency_ms for o in ok], 50)), 4) if ok else None,

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes, concurrency
+from . import causes, concurrency, generation
 from .savings import severity
 
 Rule = Callable[[Evidence], list[Finding]]
@@ -31,6 +31,7 @@ RULES: dict[str, Rule] = {
     "padding-waste": causes.padding_waste,
     "training-mode": causes.training_mode,
     "grad-enabled": causes.grad_enabled,
+    "no-kv-cache": generation.no_kv_cache,
     "slow-stages": causes.slow_stages,
     "event-loop-blocked": concurrency.event_loop_blocked,
     "gil-contention": concurrency.gil_contention,
@@ -72,6 +73,7 @@ SAVING_RANKED = {
     "no-batching",
     "padding-waste",
     "grad-enabled",
+    "no-kv-cache",
     "gil-contention",
 }
 
