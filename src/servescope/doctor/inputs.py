@@ -57,7 +57,7 @@ def first_array(obj: Any) -> Any:
 
 
 #: keyword arguments that hand a decoder the cache of the tokens it has seen
-_CACHE_ARGS = ("past_key_values", "past", "cache_params", "layer_past")
+_CACHE_ARGS = ("past_key_values", "cache", "past", "cache_params", "layer_past")
 
 
 def decode_step(inputs: Any) -> tuple[int | None, bool]:

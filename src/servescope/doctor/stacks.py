@@ -78,6 +78,9 @@ class StackProbes:
             fp = cls.__dict__.get("from_pretrained") if cls is not None else None
             if isinstance(fp, classmethod):
                 self._patch(cls, "from_pretrained", classmethod(self._loader(fp.__func__, label)))
+        tok = getattr(sys.modules.get("transformers.tokenization_utils_base"), "PreTrainedTokenizerBase", None)
+        if tok is not None and "decode" in tok.__dict__:
+            self._patch(tok, "decode", self._decode(tok.decode))
         pipe = getattr(sys.modules.get("transformers.pipelines.base"), "Pipeline", None)
         if pipe is not None and "__call__" in pipe.__dict__:
             self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
@@ -100,6 +103,28 @@ class StackProbes:
                 pass
 
         return init
+
+    def _decode(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A tokenizer's ``decode`` called by the user's code (not by transformers' own
+        streamers and ``batch_decode``): how many ids it turned into text, and its time."""
+        sw = self.switch("tokenizer decode")
+
+        @functools.wraps(original)
+        def decode(self_: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            ev = _evidence.get() if sw.on else None
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if ev is None or caller.startswith("transformers"):
+                return original(self_, token_ids, *args, **kwargs)
+            t0 = time.perf_counter_ns()
+            out = original(self_, token_ids, *args, **kwargs)
+            try:
+                n = len(token_ids[0]) if len(getattr(token_ids, "shape", ())) == 2 else len(token_ids)
+                ev.setdefault("decodes", []).append((int(n), (time.perf_counter_ns() - t0) / 1e6))
+            except Exception as exc:  # noqa: BLE001 - ids of a shape it cannot count: the probe stops, the call stands
+                sw.fail(exc)
+            return out
+
+        return decode
 
     def _carry_into_executors(self) -> None:
         """Work handed to a thread pool from inside a request (``loop.run_in_executor``, a

@@ -38,19 +38,25 @@ RECOMPUTE_STEPS = 4
 def recomputed(calls: list[dict[str, Any]]) -> tuple[int, int | None, int | None, float]:
     """The longest run of model calls whose token ids grew by one each step with no cache:
     (steps, first length, last length, ms beyond each step at the run's shortest)."""
-    best: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for f in calls:
-        seq = f.get("seq")
-        if seq is None or f.get("cached"):
+    return growing_run([(f.get("seq") if not f.get("cached") else None, f.get("ms", 0.0)) for f in calls])
+
+
+def growing_run(steps: list[tuple[int | None, float]]) -> tuple[int, int | None, int | None, float]:
+    """The longest run of ``(length, ms)`` steps whose length grew by one each step (None
+    breaks a run): (steps, first length, last length, ms beyond each step at the run's
+    shortest); (0, None, None, 0.0) for a run under ``RECOMPUTE_STEPS``."""
+    best: list[tuple[int, float]] = []
+    run: list[tuple[int, float]] = []
+    for n, ms in steps:
+        if n is None:
             run = []
             continue
-        run = run + [f] if run and seq == run[-1]["seq"] + 1 else [f]
+        run = run + [(n, ms)] if run and n == run[-1][0] + 1 else [(n, ms)]
         best = run if len(run) > len(best) else best
     if len(best) < RECOMPUTE_STEPS:
         return 0, None, None, 0.0
-    times = [f.get("ms", 0.0) for f in best]
-    return len(best), best[0]["seq"], best[-1]["seq"], sum(times) - len(times) * min(times)
+    times = [ms for _, ms in best]
+    return len(best), best[0][0], best[-1][0], sum(times) - len(times) * min(times)
 
 
 def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> Forwards:
@@ -155,8 +161,12 @@ def warm_of(obs: list[Observation], data_keys: frozenset[int] = frozenset()) -> 
     loads = [model_loads(o.evidence, data_keys) for o in ok]
     decode = [recomputed(o.evidence.get("forwards", [])) for o in ok]
     decoding = [d for d in decode if d[0]]
+    texts = [growing_run(o.evidence.get("decodes", [])) for o in ok]
 
     return Warm(
+        redecode_steps_per_request=_mean([d[0] for d in texts]),
+        redecode_ms_per_request=_mean([d[3] for d in texts]),
+        redecode_ids_last=max((d[2] for d in texts if d[0]), default=None),
         recompute_steps_per_request=_mean([d[0] for d in decode]),
         recompute_seq_first=decoding[0][1] if decoding else None,
         recompute_seq_last=max(d[2] for d in decoding) if decoding else None,

@@ -32,6 +32,7 @@ RULES: dict[str, Rule] = {
     "training-mode": causes.training_mode,
     "grad-enabled": causes.grad_enabled,
     "no-kv-cache": generation.no_kv_cache,
+    "whole-answer-decoded": generation.whole_answer_decoded,
     "slow-stages": causes.slow_stages,
     "event-loop-blocked": concurrency.event_loop_blocked,
     "gil-contention": concurrency.gil_contention,
@@ -74,6 +75,7 @@ SAVING_RANKED = {
     "padding-waste",
     "grad-enabled",
     "no-kv-cache",
+    "whole-answer-decoded",
     "gil-contention",
 }
 
