@@ -430,3 +430,20 @@ def test_the_load_once_fix_is_written_for_what_the_endpoint_loads(calls, says, n
     [f] = diagnose_evidence(ev).findings
     assert says in f.fix and not_says not in f.fix
     compile(f.fix, "<fix>", "exec")  # it is Python
+
+
+@pytest.mark.parametrize(
+    "kinds, batch_says, warm_says, not_says",
+    [
+        (["scikit-learn"], "MODEL.predict_proba(np.vstack(rows))", "MODEL.predict(example_rows)", "torch"),
+        (["onnxruntime"], "np.concatenate(rows)", "SESSION.run(None", "torch"),
+        (["sentence-transformers"], "MODEL.encode(all_texts, batch_size=32)", 'MODEL.encode(["warm-up"])', "torch"),
+        (["torch"], "torch.stack(inputs)", "torch.inference_mode()", "joblib"),
+    ],
+)
+def test_the_batching_and_warm_up_fixes_are_written_for_the_stack_seen(kinds, batch_says, warm_says, not_says):
+    from servescope.rules.idioms import batch_fix, warmup_fix
+
+    for fix, says in ((batch_fix(kinds), batch_says), (warmup_fix(kinds), warm_says)):
+        assert says in fix and not_says not in fix.replace("servescope", "")
+        compile(fix, "<fix>", "exec")  # it is Python

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
+from .idioms import load_once_fix, warmup_fix
 from .savings import measured_or_estimated, severity
 
 #: Thresholds (docs/doctor.md).
@@ -115,41 +116,6 @@ def _warmed_ms(ev: Evidence) -> float | None:
     return sum(max(stages.get(s, 0.0) - ((ev.stages.get(s) or {}).get("mean_ms") or 0.0), 0.0) for s in WARMED_STAGES)
 
 
-#: The line that loads each kind of model once, at start-up, in its own library's idiom.
-_LOAD_ONCE = {
-    "onnxruntime.InferenceSession()": 'SESSION = onnxruntime.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])',
-    "joblib.load": "MODEL = joblib.load(PATH)          # a scikit-learn pipeline: unpickled once",
-    "pickle.load": "with open(PATH, 'rb') as f:\n    MODEL = pickle.load(f)",
-    "AutoTokenizer.from_pretrained": "TOKENIZER = AutoTokenizer.from_pretrained(PATH)",
-    "AutoConfig.from_pretrained": "CONFIG = AutoConfig.from_pretrained(PATH)",
-    "AutoProcessor.from_pretrained": "PROCESSOR = AutoProcessor.from_pretrained(PATH)",
-    "AutoImageProcessor.from_pretrained": "IMAGE_PROCESSOR = AutoImageProcessor.from_pretrained(PATH)",
-    "AutoFeatureExtractor.from_pretrained": "FEATURE_EXTRACTOR = AutoFeatureExtractor.from_pretrained(PATH)",
-    "from_pretrained": "MODEL = AutoModel.from_pretrained(PATH).eval()",
-    "SentenceTransformer()": "MODEL = SentenceTransformer(PATH, device=device)",
-    "transformers.pipeline": 'PIPE = pipeline("text-classification", model=PATH)',
-    "torch.jit.load": "MODEL = torch.jit.load(PATH, map_location=device).eval()",
-    "safetensors.load_file": "STATE = safetensors.torch.load_file(PATH)",
-}
-_TORCH_LOAD_ONCE = (
-    "model = build_model()\n"
-    "model.load_state_dict(torch.load(PATH, map_location=device))\n"
-    "model.to(device).eval()"
-)
-
-
-def load_once_fix(load_calls: list[str]) -> str:
-    """"Load once, at start-up" written for what this endpoint loads (ONNX Runtime, joblib,
-    a tokenizer ...), not as torch code on every stack."""
-    lines = [_LOAD_ONCE[c] for c in load_calls if c in _LOAD_ONCE]
-    if not lines or any(c in ("torch.load", "load_state_dict") for c in load_calls) or not load_calls:
-        lines.insert(0, _TORCH_LOAD_ONCE)  # (torch.load, load_state_dict, or a model built per request)
-    lines = list(dict.fromkeys(lines))
-    return "# load once, at start-up (module level, or the app's lifespan), not inside the handler\n" + "\n".join(lines) + (
-        "\n\n# ... and in the handler, use what was loaded: nothing is read or built per request"
-    )
-
-
 def cold_start(ev: Evidence) -> list[Finding]:
     cold, warm = ev.need("cold"), ev.need("warm")
     p50 = ev.p50_ms
@@ -201,13 +167,7 @@ def cold_start(ev: Evidence) -> list[Finding]:
             sev,
             "The first request " + ("loads the model" if lazy else "is far slower than the rest") + ": no warm-up",
             evidence,
-            fix=(
-                "# load and run one example at start-up, before the server reports ready\n"
-                "model = load_model()\n"
-                "with torch.inference_mode():\n"
-                "    model(example_input)      # also each batch size you will use\n"
-                "# servescope.serve(Model(), example=...) does both before /ready"
-            ),
+            fix=warmup_fix(warm.forwards.kinds),
             saving_ms=round(saving, 2),
             saving_per="first request",
             saving_basis="estimated",

@@ -20,6 +20,7 @@ from .causes import (
     NO_BATCHING_FLOOR_MS,
     NO_BATCHING_GAIN,
 )
+from .idioms import batch_fix
 from .savings import BUSY_CORES, measured_or_estimated
 
 __all__ = ["event_loop_blocked", "gil_contention", "no_batching"]
@@ -82,11 +83,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
                 "best_batch": probe.best_batch,
                 "per_item_gain": probe.gain,
             },
-            fix=(
-                "# let concurrent requests share one forward\n"
-                "app = servescope.serve(MyModel(), max_batch_size=16)\n"
-                "# or batch yourself: collect requests for <= 2 ms, torch.stack them, one forward, split"
-            ),
+            fix=batch_fix(fwd.kinds),
             saving_ms=saving.ms or None,
             detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1. "
             + saving.detail,

@@ -1,0 +1,81 @@
+"""Fix texts in the idiom of the stack the probes saw (torch, ONNX Runtime, scikit-learn,
+sentence-transformers, transformers pipelines, tokenizers), not torch code on every stack."""
+
+from __future__ import annotations
+
+__all__ = ["batch_fix", "load_once_fix", "warmup_fix"]
+
+#: The line that loads each kind of model once, at start-up, in its own library's idiom.
+_LOAD_ONCE = {
+    "onnxruntime.InferenceSession()": 'SESSION = onnxruntime.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])',
+    "joblib.load": "MODEL = joblib.load(PATH)          # a scikit-learn pipeline: unpickled once",
+    "pickle.load": "with open(PATH, 'rb') as f:\n    MODEL = pickle.load(f)",
+    "AutoTokenizer.from_pretrained": "TOKENIZER = AutoTokenizer.from_pretrained(PATH)",
+    "AutoConfig.from_pretrained": "CONFIG = AutoConfig.from_pretrained(PATH)",
+    "AutoProcessor.from_pretrained": "PROCESSOR = AutoProcessor.from_pretrained(PATH)",
+    "AutoImageProcessor.from_pretrained": "IMAGE_PROCESSOR = AutoImageProcessor.from_pretrained(PATH)",
+    "AutoFeatureExtractor.from_pretrained": "FEATURE_EXTRACTOR = AutoFeatureExtractor.from_pretrained(PATH)",
+    "from_pretrained": "MODEL = AutoModel.from_pretrained(PATH).eval()",
+    "SentenceTransformer()": "MODEL = SentenceTransformer(PATH, device=device)",
+    "transformers.pipeline": 'PIPE = pipeline("text-classification", model=PATH)',
+    "torch.jit.load": "MODEL = torch.jit.load(PATH, map_location=device).eval()",
+    "safetensors.load_file": "STATE = safetensors.torch.load_file(PATH)",
+}
+_TORCH_LOAD_ONCE = (
+    "model = build_model()\n"
+    "model.load_state_dict(torch.load(PATH, map_location=device))\n"
+    "model.to(device).eval()"
+)
+
+
+def load_once_fix(load_calls: list[str]) -> str:
+    """"Load once, at start-up" written for what this endpoint loads (ONNX Runtime, joblib,
+    a tokenizer ...), not as torch code on every stack."""
+    lines = [_LOAD_ONCE[c] for c in load_calls if c in _LOAD_ONCE]
+    if not lines or any(c in ("torch.load", "load_state_dict") for c in load_calls) or not load_calls:
+        lines.insert(0, _TORCH_LOAD_ONCE)  # (torch.load, load_state_dict, or a model built per request)
+    lines = list(dict.fromkeys(lines))
+    return "# load once, at start-up (module level, or the app's lifespan), not inside the handler\n" + "\n".join(lines) + (
+        "\n\n# ... and in the handler, use what was loaded: nothing is read or built per request"
+    )
+
+
+#: one warm-up call per kind of model call the probes saw
+_WARM_UP = {
+    "torch": "with torch.inference_mode():\n    model(example_input)      # also each batch size you will use",
+    "onnxruntime": "SESSION.run(None, {SESSION.get_inputs()[0].name: example})   # ONNX Runtime plans its memory on the first run",
+    "scikit-learn": "MODEL.predict(example_rows)      # the first call imports and allocates what later ones reuse",
+    "sentence-transformers": 'MODEL.encode(["warm-up"])',
+    "transformers.pipeline": 'PIPE("warm-up")',
+}
+
+
+def warmup_fix(kinds: list[str]) -> str:
+    """Load and run one example at start-up, for the kinds of model calls seen."""
+    calls = [_WARM_UP[k] for k in kinds if k in _WARM_UP] or [_WARM_UP["torch"]]
+    load = "model = load_model()\n" if "torch" in kinds or not kinds else ""
+    return (
+        "# load and run one example at start-up, before the server reports ready\n"
+        + load + "\n".join(calls) + "\n# servescope.serve(Model(), example=...) does both before /ready"
+    )
+
+
+#: "many requests' inputs in one call" in each library's idiom
+_BATCH = {
+    "torch": "x = torch.stack(inputs); y = model(x); outputs = list(y)",
+    "onnxruntime": "(y,) = SESSION.run(None, {name: np.concatenate(rows)}); outputs = np.split(y, np.cumsum(sizes)[:-1])",
+    "scikit-learn": "y = MODEL.predict_proba(np.vstack(rows)); outputs = np.split(y, np.cumsum(sizes)[:-1])   # a forest scores 16 rows about as fast as 1",
+    "sentence-transformers": "vectors = MODEL.encode(all_texts, batch_size=32); outputs = np.split(vectors, np.cumsum(sizes)[:-1])",
+    "transformers.pipeline": "outputs = PIPE(all_texts, batch_size=16)",
+}
+
+
+def batch_fix(kinds: list[str]) -> str:
+    """Let concurrent requests share one model call, for the kinds of model calls seen."""
+    lines = [_BATCH[k] for k in kinds if k in _BATCH] or [_BATCH["torch"]]
+    return (
+        "# let concurrent requests share one model call\n"
+        "app = servescope.serve(MyModel(), max_batch_size=16)\n"
+        "# or batch yourself: collect the requests that arrive within ~2 ms, then one call for all:\n"
+        + "\n".join(lines)
+    )
