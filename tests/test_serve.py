@@ -322,6 +322,18 @@ def test_metrics_expose_stages_batches_queue_and_statuses():
     assert {"servescope_stage_seconds", "servescope_batch_size", "servescope_queue_depth", "servescope_requests"} <= set(fams)
     statuses = {s.labels["status"]: s.value for s in fams["servescope_requests"].samples if s.name.endswith("_total")}
     assert statuses == {"200": 1.0, "400": 1.0}
+    [threads] = fams["servescope_torch_threads"].samples  # the choice, and where it came from
+    assert threads.value >= 1 and threads.labels["source"] in ("--threads", "OMP_NUM_THREADS", "the CPUs available")
+
+
+def test_the_users_own_thread_count_is_kept(monkeypatch):
+    from servescope.serve.runtime import thread_choice
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert thread_choice(None, 8.0) == (3, "OMP_NUM_THREADS")
+    assert thread_choice(2, 8.0) == (2, "--threads")  # --threads first
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert thread_choice(None, 8.0) == (8, "the CPUs available")
 
 
 def test_a_failing_load_is_reported_not_hidden():

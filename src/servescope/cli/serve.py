@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", metavar="DURATION", type=duration, default=None, help="time to receive a request head, 408 after; idle connections close (default 10s)")
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=None, help="open connections, 503 beyond (default 1000, fewer under a lower open-files limit)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
-    parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: the CPUs available)")
+    parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: OMP_NUM_THREADS when it is set, else the CPUs available; said at start-up and in /metrics)")
     parser.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
     parser.add_argument("--workers", metavar="N", type=positive_int, default=1, help="worker processes on one port, each with its own model and CPUs/N threads; one merged /report and /metrics (default 1)")
     common.add_ray(parser, "deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")

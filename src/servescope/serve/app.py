@@ -196,6 +196,8 @@ class ServeApp:
         try:
             self.state = "loading"
             info = self.runtime.load()
+            if self.metrics is not None and "torch_threads" in info:
+                self.metrics.threads.labels(source=info["threads_from"]).set(info["torch_threads"])
             self.state = "warming up"
             t0 = time.perf_counter()
             if self.example is not None:
@@ -218,9 +220,9 @@ class ServeApp:
             threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()
             log.info(
                 "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
-                "torch threads %s of %s CPUs; max_batch_size %d; a lone request %s",
+                "torch threads %s of %s CPUs (from %s); max_batch_size %d; a lone request %s",
                 info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"],
-                info.get("torch_threads", "-"), info["cpus_available"], self.batcher.max_batch_size,
+                info.get("torch_threads", "-"), info["cpus_available"], info.get("threads_from", "-"), self.batcher.max_batch_size,
                 "runs on the event loop (no thread hand-off)" if info.get("inline") else "goes through the worker",
             )  # fmt: skip
         except Exception as exc:

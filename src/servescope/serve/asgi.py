@@ -81,6 +81,9 @@ class Metrics:
             "servescope_batch_size", "Items per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry
         )
         self.queue_depth = prom.Gauge("servescope_queue_depth", "Items waiting for the worker", registry=self.registry)
+        self.threads = prom.Gauge(
+            "servescope_torch_threads", "torch intra-op threads, and where the number came from", ["source"], registry=self.registry
+        )
         self.replacements = prom.Counter(
             "servescope_worker_replacements", "Workers replaced after a batch outlived batch_timeout_s", registry=self.registry
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -103,9 +104,9 @@ class Runtime:
         self.device = device
         cpus = available_cpus()
         if torch is not None:
-            threads = self.requested_threads or max(1, int(cpus))
+            threads, source = thread_choice(self.requested_threads, cpus)
             torch.set_num_threads(threads)
-            self.info["torch_threads"] = threads
+            self.info.update(torch_threads=threads, threads_from=source)
         t0 = time.perf_counter()
         loaded = self.model.load(device)
         if loaded is None:
@@ -734,3 +735,15 @@ def split(out: Any, n: int) -> list[Any]:
             raise ValueError(f"the model returned {len(out)} outputs for a batch of {n}")
         return [out[i] for i in range(n)]
     raise TypeError(f"cannot split a batch output of type {type(out).__name__}: override infer() to return one output per item")
+
+
+def thread_choice(requested: int | None, cpus: float) -> tuple[int, str]:
+    """torch's intra-op threads and where the number came from: ``threads=`` (``--threads``),
+    else the user's own ``OMP_NUM_THREADS`` (a container's or a launcher's, kept as they set
+    it), else the CPUs this process may use."""
+    if requested:
+        return requested, "--threads"
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env), "OMP_NUM_THREADS"
+    return max(1, int(cpus)), "the CPUs available"
