@@ -686,3 +686,10 @@ def test_a_field_the_request_lacks_in_preprocess_is_a_422_not_a_500():
     missing, ok = run(go())
     assert missing.status_code == 422 and missing.json()["error"] == "invalid payload: missing field 'x'"
     assert ok.status_code == 200 and ok.json() == {"y": [2.0, 4.0, 6.0, 8.0]}
+
+
+def test_a_route_of_the_runtimes_own_or_a_method_without_a_body_is_refused():
+    with pytest.raises(ConfigError, match="not be one of the runtime's own routes"):
+        servescope.serve(Doubler(), path="/health")
+    with pytest.raises(ConfigError, match="methods must be among POST, PUT, PATCH"):
+        servescope.serve(Doubler(), methods=("GET",))

@@ -19,14 +19,14 @@ from servescope.serve.runtime import Runtime
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _served(app, requests):
+def _served(app, requests, route=("POST", "/predict")):
     """Each request's (status, content type, body) from the app, all sent at once."""
 
     async def go():
         await app.startup()
         assert await app.wait_ready(120) == "ready", app.failure
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-            answers = await asyncio.gather(*(client.post("/predict", json=body, headers=headers) for body, headers in requests))
+            answers = await asyncio.gather(*(client.request(*route, json=body, headers=headers) for body, headers in requests))
         await app.shutdown()
         return [(r.status_code, r.headers.get("content-type"), r.text) for r in answers]
 
@@ -69,6 +69,21 @@ def test_server_sent_events_and_each_request_recorded_with_its_stream_figures():
     assert again.streaming.first_chunk == report.streaming.first_chunk
     both = Report.combine([report, again])
     assert both.streaming.responses == 2 and both.streaming.chunk_gap["count"] == 6
+
+
+def test_a_model_served_at_its_clients_route_with_an_openai_style_end_event():
+    Generate = _generate()
+    app = servescope.serve(Generate(), max_batch_size=4, path="/v1/generate", methods=("PUT",), sse_done=True)
+    sse = {"Accept": "text/event-stream"}
+    [(status, ctype, text), (plain_status, _, plain)] = _served(
+        app, [({"prompt": "hi", "max_tokens": 3}, sse), ({"prompt": "hi", "max_tokens": 3}, {})], route=("PUT", "/v1/generate")
+    )
+    events = [e for e in text.split("\n\n") if e]
+    assert status == plain_status == 200 and events[-1] == "data: [DONE]" and len(events) == 4
+    assert "[DONE]" not in plain  # JSON lines end with the stream, as before
+    other = servescope.serve(Generate(), path="/v1/generate", methods=("PUT",))
+    [(wrong, _, body)] = _served(other, [({"prompt": "hi"}, {})], route=("POST", "/v1/generate"))
+    assert wrong == 405 and "use PUT /v1/generate" in body
 
 
 class Words(servescope.Model):

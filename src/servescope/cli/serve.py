@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=None, help="open connections, 503 beyond (default 1000, fewer under a lower open-files limit)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
     parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: OMP_NUM_THREADS when it is set, else the CPUs available; said at start-up and in /metrics)")
+    parser.add_argument("--path", metavar="ROUTE", default=None, help="the route the model answers at: the one its clients already call (default /predict)")
+    parser.add_argument(
+        "-X", "--method", metavar="METHOD", action="append", type=str.upper, choices=("POST", "PUT", "PATCH"), default=None,
+        help="the route's method; repeat for several (default POST)",
+    )  # fmt: skip
+    parser.add_argument("--sse-done", action="store_true", default=None, help="end Server-Sent Events streams with data: [DONE], as OpenAI-style clients expect")
     parser.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
     parser.add_argument("--workers", metavar="N", type=positive_int, default=1, help="worker processes on one port, each with its own model and CPUs/N threads; one merged /report and /metrics (default 1)")
     common.add_ray(parser, "deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")
@@ -71,6 +77,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "max_header_bytes": args.max_header_bytes,
             "header_timeout_s": args.header_timeout,
             "max_connections": args.max_connections,
+            "path": args.path,
+            "methods": tuple(args.method) if args.method else None,
+            "sse_done": args.sse_done,
         }.items()
         if v is not None
     }

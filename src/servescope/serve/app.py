@@ -1,6 +1,7 @@
 """The HTTP side of the runtime: a plain ASGI app (no framework in the hot path).
 
-    POST /predict   JSON in, JSON out (msgpack with ``Accept: application/msgpack``)
+    POST /predict   JSON in, JSON out (msgpack with ``Accept: application/msgpack``); the
+                    route and its methods are ``path=``/``methods=`` (where clients already call)
     GET  /health    200 as soon as the process answers
     GET  /ready     200 once the model is loaded and warmed up, 503 before
     GET  /metrics   Prometheus histograms per stage, batch sizes, queue depth, requests by status
@@ -8,7 +9,8 @@
 
 Every /predict response carries ``Server-Timing`` with its stages. A model that yields
 (``infer`` step by step, or ``postprocess`` chunk by chunk) streams its answer: JSON lines, or
-Server-Sent Events with ``Accept: text/event-stream``; the head's ``Server-Timing`` has the
+Server-Sent Events with ``Accept: text/event-stream`` (ended by ``data: [DONE]`` with
+``sse_done=True``, as OpenAI-style clients expect); the head's ``Server-Timing`` has the
 stages before the first chunk, and a client that sends ``TE: trailers`` gets the complete
 breakdown in a ``Server-Timing`` trailer (under ``servescope serve``, whose HTTP/1.1 protocol
 sends trailers).
@@ -95,6 +97,9 @@ class ServeApp:
         report_interval_s: float = 1.0,
         debug_errors: bool = False,
         merged_metrics: bool = False,
+        path: str = "/predict",
+        methods: tuple[str, ...] = ("POST",),
+        sse_done: bool = False,
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -120,6 +125,15 @@ class ServeApp:
             raise ConfigError(f"on_stuck must be 'replace' or 'exit', got {on_stuck!r}")
         if not isinstance(report_interval_s, (int, float)) or not 0 <= report_interval_s < float("inf"):
             raise ConfigError(f"report_interval_s must be a number of seconds >= 0, got {report_interval_s!r}")
+        if not isinstance(path, str) or not path.startswith("/") or path in ("/health", "/ready", "/metrics", "/report"):
+            raise ConfigError(f"path must start with '/' and not be one of the runtime's own routes, got {path!r}")
+        methods = tuple(m.upper() for m in ([methods] if isinstance(methods, str) else methods))
+        if not methods or any(m not in ("POST", "PUT", "PATCH") for m in methods):
+            raise ConfigError(f"methods must be among POST, PUT, PATCH (the request carries a JSON body), got {methods!r}")
+        #: the route the model answers at, and its methods: where the endpoint's clients already call it
+        self.path, self.methods = path, methods
+        #: end a Server-Sent Events stream with ``data: [DONE]``, as OpenAI-style clients wait for
+        self.sse_done = bool(sse_done)
         self.model = model
         self.example = example if example is not None else model.example
         self.timeout_s = float(timeout_s)
@@ -341,9 +355,10 @@ class ServeApp:
         if kind == "http":
             path = scope["path"]
             method = scope["method"]
-            if path == "/predict":
-                if method != "POST":
-                    await respond(send, 405, error_body("use POST /predict with a JSON body"), [(b"allow", b"POST")])
+            if path == self.path:
+                if method not in self.methods:
+                    allow = ", ".join(self.methods)
+                    await respond(send, 405, error_body(f"use {allow} {self.path} with a JSON body"), [(b"allow", allow.encode())])
                 else:
                     await self._predict(scope, receive, send)
             elif path == "/health":
@@ -367,7 +382,8 @@ class ServeApp:
                 else:
                     await respond(send, 200, body)
             else:
-                await respond(send, 404, error_body(f"no route {path}: POST /predict, GET /health, /ready, /metrics, /report"))
+                routes = f"{'/'.join(self.methods)} {self.path}, GET /health, /ready, /metrics, /report"
+                await respond(send, 404, error_body(f"no route {path}: {routes}"))
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -625,7 +641,8 @@ class ServeApp:
             error = "stream failed"
         total = now() - t0
         final = {**durations, **item.durations}
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        end = b"data: [DONE]\n\n" if sse and self.sse_done and error is None else b""
+        await send({"type": "http.response.body", "body": end, "more_body": False})
         if trailers:
             value = (format_ns(final, total) + self.timing_suffix).encode()
             await send({"type": "http.response.trailers", "headers": [(b"server-timing", value)], "more_trailers": False})

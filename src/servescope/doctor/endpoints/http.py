@@ -248,7 +248,8 @@ class ASGIEndpoint(_HTTPEndpoint):
         from ...serve import ServeApp
 
         if isinstance(self.user_app, ServeApp):
-            return [("/predict", ["POST"]), *((p, ["GET"]) for p in ("/health", "/ready", "/metrics", "/report"))]
+            app = self.user_app
+            return [(app.path, list(app.methods)), *((p, ["GET"]) for p in ("/health", "/ready", "/metrics", "/report"))]
         out = []
         for r in getattr(self.user_app, "routes", None) or []:
             path = getattr(r, "path", None)
