@@ -214,3 +214,37 @@ def test_similar_lengths_share_a_forward_and_one_long_item_does_not_pad_the_rest
     assert Runtime(servescope.Model(), max_batch_tokens=150)._groups(inputs) == [[0, 2, 4], [3], [1]]  # 2 x 100 > 150
     assert rt._groups([torch.ones(3, 8, 8)] * 4) == [[0, 1, 2, 3]]  # one shape: one forward
     assert rt._groups([{"text": "a"}, {"text": "b"}]) == [[0, 1]]  # no length: one forward
+
+
+def _example(module: str, name: str):
+    sys.path.insert(0, str(ROOT / "examples" / "serve"))
+    try:
+        return getattr(__import__(module), name)
+    finally:
+        sys.path.pop(0)
+
+
+@pytest.mark.parametrize(
+    "module, name, route, body, key",
+    [
+        ("sklearn_model", "Churn", ("PUT", "/v1/score"), {"features": [0.2, 1.5, -0.3, 4.0]}, "churn_probability"),
+        ("onnx_model", "Scorer", ("POST", "/predict"), {"x": [0.1] * 8}, "scores"),
+    ],
+)
+def test_scikit_learn_and_onnx_runtime_models_are_served_and_batched_without_torch_code(module, name, route, body, key):
+    pytest.importorskip("sklearn" if module == "sklearn_model" else "onnxruntime")
+    app = servescope.serve(_example(module, name)(), max_batch_size=8, path=route[1], methods=(route[0],))
+
+    async def go():
+        await app.startup()
+        assert await app.wait_ready(120) == "ready", app.failure
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            answers = await asyncio.gather(*(client.request(*route, json=body) for _ in range(8)))
+            bad = await client.request(*route, json={"nope": 1})
+        await app.shutdown()
+        return answers, bad
+
+    answers, bad = asyncio.run(go())
+    assert all(a.status_code == 200 for a in answers) and len({a.text for a in answers}) == 1 and key in answers[0].json()
+    assert bad.status_code == 422
+    assert app.batcher.batches < 8  # the concurrent requests' rows shared model calls
