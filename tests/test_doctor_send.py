@@ -65,6 +65,8 @@ def test_a_query_strings_free_text_and_decimals_are_varied_its_ids_switches_and_
     other, why = Send.of(path="/search?q=red+shoes&k=5&t=0.5&stream=false&lang=en&n=nan").varied()
     assert other is not None and other.path == "/search?q=red+shoes+and+more&k=5&t=0.515&stream=false&lang=en&n=nan"
     assert Send.of(path="/items?id=7&lang=en").varied() == (None, "the request has no text, decimal number, array or image to vary")
+    assert Send.of(path="/items?q=a%20b&id=7").varied()[0].path != "/items?q=a%20b&id=7"  # (varied: "a b" is text)
+    assert Send.of(path="/items?id=%37").varied()[0] is None  # re-encoded alike is not a change
 
 
 def test_uploaded_images_and_text_are_varied_and_other_files_are_said():

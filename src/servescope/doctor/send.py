@@ -71,7 +71,7 @@ class Send:
         return Send.of(payload, path=path), ""
 
     def describe(self, method: str | None) -> str:
-        """What was sent, in words: "PUT /v1/embed, a JSON body"; a handler's: "a JSON payload"."""
+        """What was sent, in words: "PUT /v1/embed, a JSON body" (``method`` None: a handler)."""
         body = f"a form upload ({', '.join(f for f, _, _ in self.files)})" if self.files else "a JSON body" if self.payload is not None else "no body"
         return f"{method} {self.path}, {body}" if method else "the handler called with a JSON payload"
 
@@ -94,7 +94,9 @@ def _vary_query(path: str) -> str:
             continue
         decimal = "." in v and math.isfinite(number)
         out.append((k, f"{vary(number):.6g}" if decimal else v))
-    return route + "?" + urllib.parse.urlencode(out)
+    # (nothing varied: the path as it was, not re-encoded, or a request that did not change
+    # would pass for one that did)
+    return route + "?" + urllib.parse.urlencode(out) if out != pairs else path
 
 
 #: query values that are switches, not text (left as they are, as short codes like ``en``)
