@@ -22,7 +22,8 @@ class DoctorOptions:
 
     ``requests`` warm requests one at a time (at least 3), then ``concurrent_requests`` from
     ``concurrency`` callers at once (default: six each, at least 24), each request at most
-    ``timeout_s``; ``path`` is the route an app is sent to."""
+    ``timeout_s``; ``path`` is the route an app is sent to (with its query string), by
+    ``method``, with the JSON payload or the ``files`` as a form."""
 
     path: str = "/predict"
     #: the HTTP method for an app; None: the route's own (POST or GET as there is a body when it takes several)
