@@ -29,6 +29,7 @@ from .answers import Answers
 
 __all__ = ["Abandon", "Fix", "Lab", "paired_saving"]
 
+
 def _signed_rank_cdf(n: int) -> list[float]:
     """P(W <= w) for Wilcoxon's signed-rank statistic of ``n`` pairs, w = 0 .. n(n+1)/2."""
     counts = [1] + [0] * (n * (n + 1) // 2)
