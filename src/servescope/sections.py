@@ -144,9 +144,12 @@ class Stream(Section):
     ttfb: Summary | None = None
     #: from the request's start to the first token
     ttft: Summary | None = None
-    #: gaps between consecutive tokens, all requests' together (open loop: with overdue tokens)
+    #: gaps between consecutive tokens as observed, each once, all requests' together (vLLM's ITL)
     itl: Summary | None = None
-    #: open loop: the gaps as observed, each once
+    #: open loop: the gaps with the waits of the tokens overdue during a long one added
+    #: (HdrHistogram's and wrk2's correction), beside the headline
+    itl_corrected: Summary | None = None
+    #: reports written before 2026-12-04, whose ``itl`` was the corrected one: the observed gaps
     itl_uncorrected: Summary | None = None
     #: per request: (last token - first token) / (tokens - 1)
     tpot: Summary | None = None
@@ -162,7 +165,7 @@ class Stream(Section):
     @classmethod
     def from_distributions(cls, dists: dict[str, Distribution], **kwargs: Any) -> Stream:
         """The figures of these distributions (``ttfb``, ``ttft``, ``itl``, ``tpot``, and
-        ``itl_uncorrected`` in open loop), which the section keeps."""
+        ``itl_corrected`` in open loop), which the section keeps."""
         out = cls(**kwargs, distributions={name: d.to_dict() for name, d in dists.items()})
         for name, d in dists.items():
             setattr(out, name, summarize(d))

@@ -12,7 +12,8 @@ between tokens that normally come every 20 ms yields one gap of 1 s where a user
 for tokens would see ~50 overdue ones, so each long gap also records the overdue tokens'
 waits (``gap - k * expected`` down to ``expected``, as HdrHistogram's
 ``recordValueWithExpectedInterval`` and wrk2 do), the expected interval being the median
-gap of the run. The gaps as observed, each once (vLLM's ITL), are kept as ``itl_uncorrected``.
+gap of the run. The headline ``itl`` is the gaps as observed, each once (vLLM's ITL, what a
+server and the other tools report); the corrected gaps are ``itl_corrected``, beside it.
 docs/bench.md defines each figure.
 """
 
@@ -88,11 +89,9 @@ def stream_stats(streams: list[Streamed], *, open_loop: bool, window_s: float) -
             for gaps in raw:
                 extra = overdue(gaps, expected)
                 per_request.append(np.concatenate([gaps, extra]) if extra.size else gaps)
-            itl = Distribution()  # each response's gaps with its overdue waits, in order (compare cuts it in time blocks)
-            itl.extend(np.concatenate(per_request) if per_request else np.empty(0))
-            dists = {**dists, "itl": itl, "itl_uncorrected": observed}
-        else:
-            dists["itl_uncorrected"] = observed
+            corrected = Distribution()  # each response's gaps with its overdue waits, in order (compare cuts it in time blocks)
+            corrected.extend(np.concatenate(per_request) if per_request else np.empty(0))
+            dists = {**dists, "itl_corrected": corrected}
     section = Stream.from_distributions(
         dists,
         kind="+".join(sorted(kinds)) or "chunked",

@@ -166,7 +166,7 @@ def _stream(load: Load) -> str:
     keys = ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms")
     rows = ["<table><tr><th>figure</th><th>count</th>" + "".join(f"<th>{k[:-3]} ms</th>" for k in keys) + "</tr>"]
     for label, figures in (("TTFB (time to first byte)", s.ttfb), ("TTFT (time to first token)", s.ttft),
-                           ("ITL (gap between tokens)", s.itl), ("ITL as observed", s.itl_uncorrected),
+                           ("ITL (gap between tokens)", s.itl), ("ITL, open-loop corrected", s.itl_corrected), ("ITL as observed (older report)", s.itl_uncorrected),
                            ("TPOT (time per output token)", s.tpot)):  # fmt: skip
         if figures:
             rows.append(f"<tr><td>{label}</td><td>{figures.get('count')}</td>" + "".join(f"<td>{_f(figures.get(k))}</td>" for k in keys) + "</tr>")

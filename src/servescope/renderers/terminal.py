@@ -216,7 +216,9 @@ def _stream_lines(load: Load) -> list[Text]:
     rate = f"{st.chunks_per_s_per_request:,.1f}" if st.chunks_per_s_per_request is not None else "- (read in bursts)" if st.tpot else "-"
     total = f"{st.chunks_per_s:,.0f}" if st.chunks_per_s is not None else "-"
     more = f"  TTFB {_p(st.ttfb, 'p50', 'p99')} · TPOT {_p(st.tpot, 'p50', 'p99')} · {what} per second: {rate} per request, {total} in all"
-    if st.itl_uncorrected is not None:
+    if st.itl_corrected is not None:
+        more += f" · ITL with the tokens overdue in long gaps (open-loop corrected) p99 {_ms(st.itl_corrected.get('p99_ms'))} ms"
+    elif st.itl_uncorrected is not None:  # (a report from before the headline was the observed ITL)
         more += f" · ITL as observed (uncorrected) p99 {_ms(st.itl_uncorrected.get('p99_ms'))} ms"
     lines.append(Text(more, style="dim"))
     return lines
