@@ -264,3 +264,19 @@ def test_the_html_page_has_latency_by_input_size_and_output_tokens_as_the_termin
     assert "<h2>Latency by input size</h2>" in page and "<td>802 - 1,692</td><td>40</td><td>1</td><td>205</td>" in page
     assert "Output tokens (chat, fake-1): 4,064 in 127 responses (127 from usage)" in page and "<b>1016</b>" in page and "TPOT (vLLM) p50 10.42" in page
     assert "Latency by input size" not in render_html(report())
+
+
+def test_a_closed_loop_max_far_above_the_p99_says_a_stall_may_be_hidden_and_how_to_see_it():
+    from servescope.renderers.terminal import hidden_stall
+
+    rec = Recorder()
+    for ms in [30.0] * 199 + [1009.0]:  # one request held by a 1 s stall among 200 (c=1)
+        rec.record_durations({"infer": ms}, ms)
+    rep = rec.report(mode="closed loop", concurrency=1)
+    text = hidden_stall(rep)
+    assert "1009 ms" in text and "-r" in text and "closed loop (c=1)" in text
+    assert hidden_stall(rec.report(mode="open loop", rate=20)) == ""  # an open loop counts the stall already
+    steady = Recorder()
+    for ms in [30.0] * 199 + [60.0]:
+        steady.record_durations({"infer": ms}, ms)
+    assert hidden_stall(steady.report(mode="closed loop", concurrency=1)) == ""

@@ -170,6 +170,9 @@ def _headline(report: Report) -> list[Text]:
                 style="yellow",
             )
         )
+    stall = hidden_stall(report)
+    if stall:
+        lines.append(Text(stall, style="yellow"))
     hint = load.server_timing.hint if load.server_timing is not None else None
     if hint:
         lines.append(Text(f"No per-stage breakdown: {hint}.", style="dim"))
@@ -355,3 +358,25 @@ def _sections(report: Report) -> list[Any]:
     if more_findings:
         parts.append(Text(f"{more_findings:,} more findings not shown (the JSON has them all: --json)", style="yellow"))
     return parts
+
+
+#: a closed-loop max this many times its p99, and this far above it, may be a stall the loop hid
+STALL_RATIO, STALL_MS = 10.0, 100.0
+
+
+def hidden_stall(report: Report) -> str:
+    """In closed loop a server that stalls holds its callers back, so the stall is one slow
+    request among many (coordinated omission): a max far above the p99 is said, with the way
+    to see what requests arriving during it would wait."""
+    lat = report.latency
+    p99, top = lat.get("p99_ms"), lat.get("max_ms")
+    if report.meta.get("mode") != "closed loop" or not p99 or not top or top < STALL_RATIO * p99 or top - p99 < STALL_MS:
+        return ""
+    level = report.meta.get("concurrency")
+    rps = report.load.throughput_rps if report.load is not None else None
+    rate = f" -r {max(rps * 0.8, 1):.0f}" if rps else " -r RATE"
+    return (
+        f"The slowest request took {_ms(top)} ms, {top / p99:.0f}x the p99: in closed loop{f' (c={level:g})' if isinstance(level, (int, float)) else ''} "
+        "a stall holds the callers back, so it counts once, and the percentiles hide it. An open loop at a fixed rate "
+        f"counts every request due during it: servescope bench URL{rate}."
+    )
