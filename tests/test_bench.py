@@ -414,3 +414,30 @@ def test_no_server_timing_hint_when_no_request_got_an_answer():
     assert rep.load.server_timing.hint is None  # the server never answered: its headers are unknown, not absent
     answered = [Result(k * 10**6, k * 10**6, k * 10**6 + 1000, 200, None, None) for k in range(20)]
     assert "sent no Server-Timing" in results_report(answered, measure_from_ns=0).load.server_timing.hint
+
+
+def over_capacity(rate: float, service_ms: float, seconds: float) -> list[Result]:
+    """An open loop at ``rate`` against a server that answers one request every ``service_ms``."""
+    results, free_at = [], 0
+    for k in range(int(rate * seconds)):
+        sched = round(k * 1e9 / rate)
+        done = max(sched, free_at) + round(service_ms * MS)
+        free_at = done
+        results.append(Result(sched, sched, done, 200, None, None))
+    return results
+
+
+def test_a_warm_up_backlog_above_capacity_is_said_and_none_below():
+    from servescope.renderers.terminal import render_terminal
+
+    # 100/s against a capacity of 50/s: by the end of a 1 s warm-up, ~50 requests are queued
+    rep = results_report(over_capacity(100, 20.0, 3.0), measure_from_ns=1000 * MS, open_loop=True)
+    backlog = rep.load.warmup_backlog
+    assert backlog is not None and 40 <= backlog.requests <= 60 and backlog.oldest_ms >= 500
+    out = render_terminal(rep)
+    assert "still waiting when the measured window opened" in out and "--warmup 0s" in out
+    # 1.5x its capacity: a third of the warm-up still queued
+    assert results_report(over_capacity(75, 20.0, 3.0), measure_from_ns=1000 * MS, open_loop=True).load.warmup_backlog is not None
+    # 20/s against the same server: nothing queued when the window opens
+    assert results_report(over_capacity(20, 20.0, 3.0), measure_from_ns=1000 * MS, open_loop=True).load.warmup_backlog is None
+    assert results_report(over_capacity(100, 20.0, 3.0), measure_from_ns=1000 * MS).load.warmup_backlog is None  # closed loop: none said

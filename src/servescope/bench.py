@@ -27,7 +27,7 @@ from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, erro
 from .openai_api import token_stats
 from .recorder import Recorder
 from .report import Report
-from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo
+from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo, WarmupBacklog
 from .servertiming import server_timing_durations
 from .slo import SLO, judge
 from .stats import Distribution, summarize
@@ -149,6 +149,26 @@ class BenchOptions:
         }  # fmt: skip
 
 
+#: a warm-up queue is said when this many requests wait at the window's opening, the oldest for
+#: this many times what the warm-up's first requests took (an empty queue's latency)
+BACKLOG_REQUESTS, BACKLOG_AGE = 4, 4.0
+
+
+def warmup_backlog(results: list[Result], measure_from_ns: int) -> WarmupBacklog | None:
+    """Requests due in the warm-up still unanswered when the measured window opened, when
+    there are ``BACKLOG_REQUESTS`` of them and the oldest had waited ``BACKLOG_AGE`` times the
+    latency of the warm-up's first requests (a server over capacity at this rate: that queue is
+    in the window's latencies); None when the warm-up left no such queue."""
+    warm = sorted((r for r in results if r.scheduled_ns < measure_from_ns), key=lambda r: r.scheduled_ns)
+    waiting = [r.scheduled_ns for r in warm if r.done_ns > measure_from_ns]
+    if len(waiting) < BACKLOG_REQUESTS:
+        return None
+    early = warm[: max(5, len(warm) // 10)]
+    empty_queue_ms = float(np.median([(r.done_ns - r.scheduled_ns) / 1e6 for r in early]))
+    oldest_ms = (measure_from_ns - min(waiting)) / 1e6
+    return WarmupBacklog(requests=len(waiting), oldest_ms=round(oldest_ms, 1)) if oldest_ms >= BACKLOG_AGE * empty_queue_ms else None
+
+
 def results_report(
     results: list[Result],
     *,
@@ -259,6 +279,7 @@ def results_report(
         ),
         replicas=dict(sorted(replicas.items())),  # who answered, from each response's Server-Timing
         timeline=timeline(measured, start_ns=measure_from_ns, end_ns=end),  # latency over time: a stall shows
+        warmup_backlog=warmup_backlog(results, measure_from_ns) if open_loop else None,
     )
     gaps: list[np.ndarray] = []
     if streams:

@@ -44,6 +44,7 @@ __all__ = [
     "Unattributed",
     "V1_FIELDS",
     "Verdict",
+    "WarmupBacklog",
     "Window",
 ]
 
@@ -327,6 +328,16 @@ class Timeline(Section):
 
 
 @dataclass(kw_only=True)
+class WarmupBacklog(Section):
+    """Open loop over capacity: ``requests`` due in the warm-up were still unanswered when the
+    measured window opened, the oldest due ``oldest_ms`` before it; their queue is in the
+    window's latencies."""
+
+    requests: int = 0
+    oldest_ms: float = 0.0
+
+
+@dataclass(kw_only=True)
 class Load(Section):
     """What ``servescope bench`` measured beside the latency statistics.
 
@@ -363,6 +374,8 @@ class Load(Section):
     tokens: Tokens | None = None
     #: requests of different input sizes: latency by size bucket (quartiles of the sizes sent)
     by_size: list[SizeBucket] = field(default_factory=list)
+    #: open loop: the warm-up's requests still waiting when the measured window opened
+    warmup_backlog: WarmupBacklog | None = None
 
     @classmethod
     def combine(cls, parts: list[Any], notes: Notes) -> Load | None:
@@ -377,6 +390,7 @@ class Load(Section):
             ("slo", "goodput is judged request by request within one run; judge the combined figures again (servescope.slo.judge)"),
             ("timeline", "each run's windows are offsets into its own run, whose clock the others do not share, and "
              "per-window percentiles keep no distribution to merge"),
+            ("warmup_backlog", "each run's warm-up left its own queue"),
         ):
             if any(getattr(p, name) is not None for p in have):
                 notes[f"load.{name}"] = why

@@ -170,6 +170,16 @@ def _headline(report: Report) -> list[Text]:
                 style="yellow",
             )
         )
+    backlog = load.warmup_backlog
+    if backlog is not None:
+        lines.append(
+            Text(
+                f"{backlog.requests} requests due in the warm-up were still waiting when the measured window opened (the oldest "
+                f"due {_ms(backlog.oldest_ms)} ms before it): the server is over capacity at this rate, and that queue is in these "
+                "latencies. --warmup 0s measures from an empty queue; the timeline shows how it grows.",
+                style="yellow",
+            )
+        )
     stall = hidden_stall(report)
     if stall:
         lines.append(Text(stall, style="yellow"))
