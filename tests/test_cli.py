@@ -50,7 +50,7 @@ def exit_code(args: list[str]) -> int:
         (["bench", "http://127.0.0.1:9/", "--find-max"], "--find-max needs --slo"),
         (["bench", "http://127.0.0.1:9/", "--find-max", "--slo", "p99<1s", "-c", "4"], "--find-max searches open-loop rates"),
         (["bench", "http://127.0.0.1:9/", "--search-resolution", "150%"], "between 0% and 100%"),
-        (["bench", "http://127.0.0.1:9/v1/completions", "--prompt", "hi"], "--prompt, --model and --max-tokens go with --openai"),
+        (["bench", "http://127.0.0.1:9/v1/completions", "--prompt", "hi"], "--prompt, --model, --max-tokens and --no-stream go with --openai"),
         (["bench", "http://127.0.0.1:9/predict", "--openai", "--prompt", "hi"], "ending in /v1/chat/completions or /v1/completions"),
         (["bench", "http://127.0.0.1:9/v1/completions", "--openai"], "--openai needs prompts"),
         (["bench", "http://127.0.0.1:9/v1/completions", "--openai", "--prompt", "hi"], "listed no model"),

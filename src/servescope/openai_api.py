@@ -5,7 +5,8 @@
     tokens = token_stats(results, api=api, model="m", window_s=10.0)  # load.tokens
 
 Every request asks for a stream (``"stream": true``) with the token counts in its last event
-(``"stream_options": {"include_usage": true}``), as vLLM's benchmark does. The load generator
+(``"stream_options": {"include_usage": true}``), as vLLM's benchmark does; ``--no-stream``
+asks for one plain answer, counted from its ``usage``. The load generator
 reads a stream's events without parsing them (``loadgen.OUTPUT``, ``loadgen.usage``): an
 event is a *token* when it carries text (``delta.content`` or ``delta.reasoning_content`` for
 chat, ``text`` for completions, not empty), and the one event that carries ``usage`` is kept
@@ -96,14 +97,16 @@ def request_bodies(
     prompts: list[str] | None = None,
     lines: list[tuple[int, bytes]] | None = None,
     where: str = "--data",
+    stream: bool = True,
 ) -> tuple[list[bytes], list[int]]:
-    """The request bodies, and each one's prompt length (characters).
+    """The request bodies, and each one's prompt length (characters); ``stream=False``: plain
+    answers (``"stream": false``), their tokens counted from the answer's ``usage``.
 
     From ``prompts`` (texts), or from ``lines`` of a data file (``(line number, JSON)``): each
     a prompt (a string, or ``{"prompt": ...}``) or, for chat, ``{"messages": [...]}``; any other
     field of a line (``max_tokens``, ``temperature`` ...) goes into its request as it is.
     """
-    base: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+    base: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}} if stream else {"model": model, "stream": False}
     if max_tokens is not None:
         base["max_tokens"] = max_tokens
     items: list[tuple[str, Any]] = [("--prompt", p) for p in prompts or []]

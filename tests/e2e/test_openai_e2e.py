@@ -20,9 +20,7 @@ LATENCY_MS = TTFT_MS + (TOKENS - 1) * GAP_MS
 
 
 def bench(url: str, api: str, *, prompts: list[str] | None = None, stream: bool = True, **load):
-    bodies, sizes = request_bodies(api, model="test-model", max_tokens=TOKENS, prompts=prompts or ["Say ten words"])
-    if not stream:
-        bodies = [b.replace(b'"stream":true', b'"stream":false') for b in bodies]
+    bodies, sizes = request_bodies(api, model="test-model", max_tokens=TOKENS, prompts=prompts or ["Say ten words"], stream=stream)
     options = BenchOptions(url=url, bodies=bodies, content_type="application/json", openai=api, model="test-model",
                            sizes=sizes, size_unit="chars", **{"duration_s": 2.5, "warmup_s": 0.3, **load})  # fmt: skip
     [rep] = run_bench(options)
@@ -90,3 +88,15 @@ def test_cli_openai_with_a_data_file(test_server, tmp_path):
     sizes = [(b["smallest"], b["largest"], b["unit"]) for b in load["by_size"]]
     assert sizes == [(5, 5, "chars"), (320, 320, "chars"), (600, 600, "chars")]
     assert sum(b["count"] for b in load["by_size"]) == load["requests"]["ok"]
+
+
+def test_cli_openai_without_streaming(test_server, tmp_path):
+    out = tmp_path / "r.json"
+    url = f"{test_server}/v1/completions?ttft_ms=20&gap_ms=5"
+    p = subprocess.run([sys.executable, "-m", "servescope", "bench", url, "--openai", "--no-stream", "--prompt", "Say ten words",
+                        "--max-tokens", "10", "-c", "2", "-d", "1", "--warmup", "0.2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    load = json.loads(out.read_text())["load"]
+    assert load.get("stream") is None and load["tokens"]["from_usage"] == load["tokens"]["responses"] >= 5
+    assert load["tokens"]["output_tokens"] == load["tokens"]["responses"] * TOKENS

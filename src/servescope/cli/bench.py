@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai", action="store_true", help="an OpenAI-compatible URL (/v1/chat/completions or /v1/completions): streamed requests built from --prompt or --data, output tokens counted (docs/bench.md)")
     parser.add_argument("--model", metavar="NAME", help="with --openai: the model (default: the first the server lists at /v1/models)")
     parser.add_argument("--prompt", metavar="TEXT", action="append", default=[], help="with --openai: a prompt; repeat to cycle several")
+    parser.add_argument("--no-stream", dest="stream", action="store_false", help='with --openai: ask for plain answers ("stream": false), their tokens counted from usage')
     parser.add_argument("--max-tokens", metavar="N", type=positive_int, help=f"with --openai: max_tokens of each request (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("-H", "--header", metavar="'NAME: VALUE'", action="append", default=[], type=common.header, help="'Name: value', repeatable")
     parser.add_argument("--content-type", metavar="TYPE", help="Content-Type of the body (default: JSON when the body parses as JSON)")
@@ -160,8 +161,8 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.body and args.data:
         raise ConfigError("give --body or --data, not both")
-    if not args.openai and (args.prompt or args.model or args.max_tokens):
-        raise ConfigError("--prompt, --model and --max-tokens go with --openai")
+    if not args.openai and (args.prompt or args.model or args.max_tokens or not args.stream):
+        raise ConfigError("--prompt, --model, --max-tokens and --no-stream go with --openai")
     if args.file:
         if args.body or args.data or args.openai:
             raise ConfigError("--file sends one form upload: it does not go with --body, --data or --openai")
@@ -183,7 +184,7 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
     model = args.model or first_model(args.url, headers=args.header)
     bodies, sizes = request_bodies(
         api, model=model, max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS, prompts=args.prompt, lines=lines,
-        where=f"data file {args.data!r}",
+        where=f"data file {args.data!r}", stream=args.stream,
     )  # fmt: skip
     return {"bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes, "size_unit": "chars"}
 
