@@ -49,7 +49,8 @@ async def openai(scope, body, send):
     OpenAI streams: a chat stream's role event comes at once, with empty content (not a
     token); ``"usage": null`` in each event, and with ``stream_options.include_usage`` a last
     event with ``usage`` and no choices (``usage=0`` in the query: never); ``per_event=2``
-    puts two tokens in each event. ``"stream": false``: one JSON answer with its usage, when
+    puts two tokens in each event; ``eos=N`` ends every answer after N tokens unless the request
+    says ``"ignore_eos": true``. ``"stream": false``: one JSON answer with its usage, when
     the last token is due. ``/v1/models`` lists ``test-model``."""
     q = dict(kv.split("=", 1) for kv in scope["query_string"].decode().split("&") if "=" in kv)
     if scope["path"] == "/v1/models":
@@ -60,6 +61,8 @@ async def openai(scope, body, send):
     chat = scope["path"] == "/v1/chat/completions"
     ttft, gap = float(q.get("ttft_ms", 100)) / 1e3, float(q.get("gap_ms", 20)) / 1e3
     tokens, per_event = int(req.get("max_tokens", 16)), int(q.get("per_event", 1))
+    if "eos" in q and not req.get("ignore_eos"):  # the model's own end of answer after eos tokens
+        tokens = min(tokens, int(q["eos"]))
     prompt = " ".join(m["content"] for m in req["messages"]) if chat else req["prompt"]
     usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens, "total_tokens": len(prompt.split()) + tokens}
     with_usage = (req.get("stream_options") or {}).get("include_usage") and q.get("usage") != "0"

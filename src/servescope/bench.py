@@ -24,7 +24,7 @@ import numpy as np
 from .exceptions import ConfigError, EndpointError, ServerTimingError
 from .inputs import send_order, size_buckets
 from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, error_kind, streamed
-from .openai_api import token_stats
+from .openai_api import asked_tokens, token_stats
 from .recorder import Recorder
 from .report import Report
 from .sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo, WarmupBacklog
@@ -95,6 +95,9 @@ class BenchOptions:
     #: each body's input size, for ``load.by_size`` (default: its length in bytes), and the unit
     sizes: list[int] | None = None
     size_unit: str = "bytes"
+    #: how the requests were made, for the report's meta (``bench --input-tokens``: the token
+    #: counts asked and who counted them)
+    workload: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.target = URL.parse(self.url)
@@ -143,9 +146,11 @@ class BenchOptions:
     def report_options(self) -> dict[str, Any]:
         """What ``results_report`` needs to know of the requests: the API, and each one's input size."""
         sizes = self.sizes if self.sizes is not None else [len(b) for b in self.bodies]
+        asked = asked_tokens(self.bodies) if self.openai else None
         return {
             "openai": self.openai, "model": self.model, "size_unit": self.size_unit,
             "sizes": [sizes[i] for i in self.send_order] if sizes else None,
+            "asked_tokens": [asked[i] for i in self.send_order] if asked else None,
         }  # fmt: skip
 
 
@@ -183,6 +188,7 @@ def results_report(
     model: str | None = None,
     sizes: list[int] | None = None,
     size_unit: str = "bytes",
+    asked_tokens: list[int | None] | None = None,
 ) -> Report:
     """A Report from raw results: requests *scheduled* from ``measure_from_ns`` on count.
 
@@ -194,7 +200,8 @@ def results_report(
     TTFT, the gaps between tokens: ``streams.stream_stats``; ``open_loop`` corrects the gaps
     for coordinated omission); an ``slo`` adds ``load.slo`` (each objective judged on the run,
     and the goodput: requests whose own figures met every objective). ``openai`` (the API)
-    adds ``load.tokens`` (output tokens, vLLM's TPOT); ``sizes`` (each request's input size, by
+    adds ``load.tokens`` (output tokens, vLLM's TPOT; with ``asked_tokens``, each request's
+    ``max_tokens``, the answers that stopped short of it); ``sizes`` (each request's input size, by
     ``Result.request``) adds ``load.by_size`` when the sizes differ.
     """
     results = [r if type(r) is Result else Result(*r) for r in results]
@@ -305,7 +312,7 @@ def results_report(
             goodput_rps=round(good / window_s, 2) if measured else 0.0,
         )  # fmt: skip
     if openai is not None:
-        load.tokens = token_stats(measured, api=openai, model=model, window_s=window_s)
+        load.tokens = token_stats(measured, api=openai, model=model, window_s=window_s, asked=asked_tokens)
     if sizes:
         load.by_size = size_buckets(measured, sizes, unit=size_unit)
     if lags_ns:
@@ -401,6 +408,7 @@ def level_meta(options: BenchOptions, mode: str, level: float) -> dict[str, Any]
         mode: level,
         "duration_s": options.duration_s,
         "warmup_s": options.warmup_s,
+        **({"workload": options.workload} if options.workload else {}),
         "title": f"servescope bench {options.method} {options.target} ({mode}={level:g})",
     }
 

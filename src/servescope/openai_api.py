@@ -16,7 +16,7 @@ it, else its events with text (docs/bench.md says where this differs from vLLM's
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import orjson
 
@@ -25,7 +25,7 @@ from .loadgen import SSE, Result, error_kind
 from .sections import Tokens
 from .stats import Distribution, summarize
 
-__all__ = ["API", "DEFAULT_MAX_TOKENS", "api_of", "first_model", "models_url", "request_bodies", "token_stats"]
+__all__ = ["API", "DEFAULT_MAX_TOKENS", "api_of", "asked_tokens", "first_model", "models_url", "request_bodies", "shortfall", "token_stats"]
 
 API = Literal["chat", "completions"]
 DEFAULT_MAX_TOKENS = 128
@@ -74,18 +74,19 @@ def first_model(url: str, *, headers: list[tuple[str, str]] | None = None, timeo
     return model
 
 
-def _prompt_size(body: dict[str, Any]) -> int:
-    """The prompt's length in characters: the prompt, or every message's text."""
+def _prompt_size(body: dict[str, Any], measure: Callable[[str], int] = len) -> int:
+    """The prompt's length (``measure``: characters, or a tokenizer's count): the prompt, or
+    every message's text."""
     prompt = body.get("prompt")
     if prompt is not None:
-        return len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
+        return measure(prompt) if isinstance(prompt, str) else sum(measure(p) for p in prompt if isinstance(p, str))
     size = 0
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
-            size += len(content)
+            size += measure(content)
         elif isinstance(content, list):  # parts: [{"type": "text", "text": ...}, {"type": "image_url", ...}]
-            size += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+            size += sum(measure(p.get("text") or "") for p in content if isinstance(p, dict))
     return size
 
 
@@ -93,33 +94,42 @@ def request_bodies(
     api: API,
     *,
     model: str,
-    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    max_tokens: int | list[int] | None = DEFAULT_MAX_TOKENS,
     prompts: list[str] | None = None,
     lines: list[tuple[int, bytes]] | None = None,
     where: str = "--data",
     stream: bool = True,
+    extra: dict[str, Any] | None = None,
+    measure: Callable[[str], int] = len,
 ) -> tuple[list[bytes], list[int]]:
-    """The request bodies, and each one's prompt length (characters); ``stream=False``: plain
-    answers (``"stream": false``), their tokens counted from the answer's ``usage``.
+    """The request bodies, and each one's prompt length (``measure``: characters, or a
+    tokenizer's count); ``stream=False``: plain answers (``"stream": false``), their tokens
+    counted from the answer's ``usage``.
 
     From ``prompts`` (texts), or from ``lines`` of a data file (``(line number, JSON)``): each
     a prompt (a string, or ``{"prompt": ...}``) or, for chat, ``{"messages": [...]}``; any other
     field of a line (``max_tokens``, ``temperature`` ...) goes into its request as it is.
+    ``max_tokens`` as a list: each request's own, the prompts cycled until every one has a
+    request; ``extra``: fields for every request (``{"ignore_eos": True}``).
     """
     base: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}} if stream else {"model": model, "stream": False}
-    if max_tokens is not None:
-        base["max_tokens"] = max_tokens
+    base.update(extra or {})
     items: list[tuple[str, Any]] = [("--prompt", p) for p in prompts or []]
     items += [(f"{where} line {n}", orjson.loads(raw)) for n, raw in lines or []]
+    each = max_tokens if isinstance(max_tokens, list) else None
+    if each and items:
+        items = [items[i % len(items)] for i in range(max(len(items), len(each)))]
+    elif max_tokens is not None:
+        base["max_tokens"] = max_tokens
     bodies, sizes = [], []
-    for name, item in items:
+    for i, (name, item) in enumerate(items):
         if isinstance(item, str):
             item = {"prompt": item}
         if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
             raise ConfigError(
                 f'{name}: expected a prompt: "text", {{"prompt": "text"}} or (chat) {{"messages": [...]}}, one of the two'
             )
-        body = {**base, **item}
+        body = {**base, **({"max_tokens": each[i % len(each)]} if each else {}), **item}
         if api == "chat" and "prompt" in body:
             prompt = body.pop("prompt")
             if not isinstance(prompt, str):
@@ -128,17 +138,31 @@ def request_bodies(
         elif api == "completions" and "messages" in body:
             raise ConfigError(f"{name}: messages are for /v1/chat/completions; /v1/completions takes a prompt")
         bodies.append(orjson.dumps(body))
-        sizes.append(_prompt_size(body))
+        sizes.append(_prompt_size(body, measure))
     return bodies, sizes
 
 
-def token_stats(results: list[Result], *, api: str, model: str | None, window_s: float) -> Tokens:
+def asked_tokens(bodies: list[bytes]) -> list[int | None]:
+    """Each request's ``max_tokens`` (or ``max_completion_tokens``): what it asked the server for."""
+    out: list[int | None] = []
+    for raw in bodies:
+        body = orjson.loads(raw)
+        n = body.get("max_tokens", body.get("max_completion_tokens"))
+        out.append(n if isinstance(n, int) and not isinstance(n, bool) else None)
+    return out
+
+
+def token_stats(
+    results: list[Result], *, api: str, model: str | None, window_s: float, asked: list[int | None] | None = None
+) -> Tokens:
     """``load.tokens``: the successful responses' output tokens (``Result.usage``, else their
     streamed events with text), their rate over the measured window, and vLLM's TPOT per request:
-    (latency - TTFT) / (output tokens - 1), both from the request's start."""
+    (latency - TTFT) / (output tokens - 1), both from the request's start. ``asked``: each
+    request's ``max_tokens`` (by ``Result.request``), to count the answers that stopped short."""
     out = Tokens(api=api, model=model)
     tpot = Distribution()
     inputs: int | None = 0
+    wanted: int | None = 0 if asked else None
     for r in results:
         if error_kind(r) is not None:
             continue
@@ -155,11 +179,15 @@ def token_stats(results: list[Result], *, api: str, model: str | None, window_s:
             out.uncounted += 1
             continue
         out.output_tokens += n
+        want = asked[r.request] if asked and 0 <= r.request < len(asked) else None
+        wanted = None if wanted is None or want is None else wanted + want
+        out.short_answers += want is not None and n < want
         if times and n > 1:  # latency - TTFT: from the first token to the end of the answer
             tpot.add(max(r.done_ns - times[0], 0) / 1e6 / (n - 1))
     if out.from_usage == 0:
         inputs = None
     out.input_tokens = inputs
+    out.asked_output_tokens = wanted if out.responses > out.uncounted else None
     if window_s > 0 and out.responses:
         out.output_tokens_per_s = round(out.output_tokens / window_s, 2)
         if inputs is not None and out.from_usage == out.responses - out.uncounted:  # (prompts of every counted response)
@@ -167,3 +195,15 @@ def token_stats(results: list[Result], *, api: str, model: str | None, window_s:
     if len(tpot):
         out.tpot, out.distributions = summarize(tpot), {"tpot": tpot.to_dict()}
     return out
+
+
+def shortfall(tokens: Tokens) -> str | None:
+    """What the report says when answers stopped before their ``max_tokens``: a run meant as
+    "M tokens out" that produced fewer."""
+    if not tokens.short_answers:
+        return None
+    asked = f"asked {tokens.asked_output_tokens:,} tokens, got {tokens.output_tokens:,}" if tokens.asked_output_tokens else "fewer tokens than asked"
+    return (
+        f"{tokens.short_answers} of {tokens.responses} answers stopped before their max_tokens ({asked}): the model "
+        "ended them; --ignore-eos asks vLLM and SGLang to run each answer to its max_tokens"
+    )

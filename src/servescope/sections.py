@@ -225,6 +225,10 @@ class Tokens(Section):
     uncounted: int = 0
     #: ``usage.prompt_tokens`` summed, when every response counted from usage had it
     input_tokens: int | None = None
+    #: the counted responses' ``max_tokens`` summed (None when one asked for none), and the
+    #: responses that stopped before theirs (the model's end of answer, a stop word)
+    asked_output_tokens: int | None = None
+    short_answers: int = 0
     #: output tokens of the measured window, per second of it
     output_tokens_per_s: float | None = None
     #: input and output tokens, per second (when ``input_tokens`` is known)
@@ -242,10 +246,11 @@ class Tokens(Section):
             if any(getattr(p, name) is not None for p in have):
                 notes[f"load.tokens.{name}"] = "each run's rate is over its own window, which may or may not overlap the others'"
         out = cls(api="+".join(sorted({p.api for p in have})), model=have[0].model)
-        for name in ("responses", "output_tokens", "from_usage", "from_deltas", "uncounted"):
+        for name in ("responses", "output_tokens", "from_usage", "from_deltas", "uncounted", "short_answers"):
             setattr(out, name, sum(getattr(p, name) for p in have))
-        inputs = [p.input_tokens for p in have]
-        out.input_tokens = None if None in inputs else sum(i for i in inputs if i is not None)
+        for name in ("input_tokens", "asked_output_tokens"):
+            values = [getattr(p, name) for p in have]
+            setattr(out, name, None if None in values else sum(v for v in values if v is not None))
         tpots = [Distribution.from_dict(p.distributions["tpot"], where="load.tokens.distributions.tpot") for p in have if "tpot" in p.distributions]
         if tpots:
             merged = tpots[0]

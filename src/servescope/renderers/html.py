@@ -17,6 +17,7 @@ from ..compare import Comparison
 from ..report import Report
 from ..sections import Load
 from .charts import COLORS, Axis, Bar, Series, bar_chart, histogram_bins, label_room, line_chart, log_scale
+from ..openai_api import shortfall
 from .terminal import stage_label
 
 __all__ = ["ComparisonHTMLRenderer", "HTMLRenderer", "render_comparison_html", "render_html"]
@@ -195,7 +196,8 @@ def _tokens(load: Load) -> str:
         said.append(f"TPOT (vLLM) p50 {_f(tk.tpot.get('p50_ms'))} · p99 {_f(tk.tpot.get('p99_ms'))} ms")
     if tk.input_tokens is not None:
         said.append(f"input {tk.input_tokens:,} tokens · input + output {_f(tk.total_tokens_per_s, 1)} tokens/s")
-    return "<p>" + " · ".join(said) + "</p>"
+    short = shortfall(tk)
+    return "<p>" + " · ".join(said) + "</p>" + (f'<div class="finding medium">{html.escape(short)}</div>' if short else "")
 
 
 def _by_size(load: Load) -> str:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..openai_api import shortfall
 from ..report import Finding, Report
 from ..sections import SECTIONS, Diagnosis, Load
 from .base import console_text
@@ -252,6 +253,9 @@ def _token_lines(load: Load) -> list[Text]:
     if tk.input_tokens is not None:
         total = f"{tk.total_tokens_per_s:,.1f}" if tk.total_tokens_per_s is not None else "-"
         lines.append(Text(f"  input {tk.input_tokens:,} tokens (usage) · input + output {total} tokens/s", style="dim"))
+    short = shortfall(tk)
+    if short:
+        lines.append(Text(f"  {short}", style="yellow"))
     return lines
 
 
