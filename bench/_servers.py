@@ -3,6 +3,8 @@ bench/serve_models.py): loopback only, each stopped with every process it starte
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -71,3 +73,29 @@ def each_server(
             stop_group(proc)
             time.sleep(1)
     return rows
+
+
+def _burn(stop: Any) -> None:
+    x = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            x += 1
+
+
+@contextlib.contextmanager
+def neighbour(on: bool = True):
+    """A busy neighbour for the whole block: another process that keeps one core busy (pure
+    Python, so it holds its core the way a batch job or a sidecar does), stopped after it."""
+    if not on:
+        yield
+        return
+    stop = multiprocessing.Event()
+    hog = multiprocessing.Process(target=_burn, args=(stop,), daemon=True)
+    hog.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        hog.join(5)
+        if hog.is_alive():
+            hog.kill()

@@ -420,7 +420,7 @@ def attack(group: str, name: str, *, before: str, expected: str, bound_s: float)
 
 
 def p99_ms(url: str, seconds: float) -> tuple[float, int]:
-    from servescope.bench import BenchOptions, run_bench
+    from servescope.load.bench import BenchOptions, run_bench
 
     [rep] = run_bench(BenchOptions(url=url, bodies=[MLP_BODY], content_type="application/json", concurrency=[2], duration_s=seconds, warmup_s=0.5))
     return rep.latency["p99_ms"], rep.latency["count"]

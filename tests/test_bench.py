@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 
-from servescope.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_duration, results_report
+from servescope.load.bench import CLIENT_WAIT, NETWORK, PROXY, BenchOptions, parse_duration, results_report
 from servescope.exceptions import ConfigError, EndpointError
-from servescope.loadgen import Result, URL, build_requests, schedule
+from servescope.load.loadgen import Result, URL, build_requests, schedule
 from servescope.renderers.html import render_html
-from servescope.sweep import saturation
+from servescope.load.sweep import saturation
 
 MS = 1_000_000
 
@@ -210,7 +210,7 @@ def response(*st_lines: bytes, extra: bytes = b"") -> bytes:
 
 def feed(data: bytes, **kw) -> tuple:
     """One response through the generator's connection, as the network would deliver it."""
-    from servescope.loadgen import LoadGenerator, _Conn
+    from servescope.load.loadgen import LoadGenerator, _Conn
 
     gen = LoadGenerator(URL.parse("http://127.0.0.1:1/"), [b"x"], **kw)
     conn = _Conn(gen)
@@ -228,7 +228,7 @@ def feed(data: bytes, **kw) -> tuple:
 
 
 def test_server_timing_lines_are_joined_once_and_what_is_kept_is_capped():
-    from servescope.loadgen import MAX_SERVER_TIMING_BYTES, OVERSIZED
+    from servescope.load.loadgen import MAX_SERVER_TIMING_BYTES, OVERSIZED
 
     r = feed(response(b"a;dur=1", b"b;dur=2", b"total;dur=3"))
     assert r.server_timing == b"a;dur=1, b;dur=2, total;dur=3"
@@ -248,7 +248,7 @@ def test_server_timing_lines_are_joined_once_and_what_is_kept_is_capped():
 def test_a_result_is_a_named_record_that_pickles_and_old_tuples_still_read():
     import pickle
 
-    from servescope.loadgen import error_kind, ok_latencies_ms
+    from servescope.load.loadgen import error_kind, ok_latencies_ms
 
     r = feed(response(b"infer;dur=1"))
     assert type(r) is Result and r.status == 200 and r.error is None and r.server_timing == b"infer;dur=1"
@@ -264,7 +264,7 @@ def test_a_result_is_a_named_record_that_pickles_and_old_tuples_still_read():
 
 
 def test_the_generator_reports_progress_since_what_was_already_shown():
-    from servescope.loadgen import LoadGenerator
+    from servescope.load.loadgen import LoadGenerator
 
     gen = LoadGenerator(URL.parse("http://127.0.0.1:1/"), [b"x"])
     gen.results += [Result(0, 0, 2 * MS, 200, None, None), Result(0, 0, 1 * MS, 0, None, "timeout")]
@@ -276,7 +276,7 @@ def test_the_generator_reports_progress_since_what_was_already_shown():
 def test_an_endpoint_that_cannot_be_reached_is_an_endpoint_error_not_a_bad_setting():
     import socket
 
-    from servescope.bench import run_bench
+    from servescope.load.bench import run_bench
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -287,9 +287,9 @@ def test_an_endpoint_that_cannot_be_reached_is_an_endpoint_error_not_a_bad_setti
 
 
 def test_the_old_name_of_url_still_imports_with_a_warning():
-    import servescope.loadgen as loadgen
+    import servescope.load.loadgen as loadgen
 
-    with pytest.warns(DeprecationWarning, match="now servescope.loadgen.URL"):
+    with pytest.warns(DeprecationWarning, match="now servescope.load.loadgen.URL"):
         assert loadgen.Target is URL
 
 
@@ -319,7 +319,7 @@ async def one_at_a_time_server(service_s: float):
 def overload(rate: float, duration_s: float, service_s: float, **kw) -> list[Result]:
     import asyncio
 
-    from servescope.loadgen import LoadGenerator
+    from servescope.load.loadgen import LoadGenerator
 
     async def main():
         server, port = await one_at_a_time_server(service_s)
@@ -359,7 +359,7 @@ def test_a_request_still_unanswered_after_the_drain_fails_as_unfinished():
 def test_stop_during_the_drain_waits_two_seconds_at_most_and_leaves_the_rest_out():
     import asyncio
 
-    from servescope.loadgen import STOP_DRAIN_S, LoadGenerator
+    from servescope.load.loadgen import STOP_DRAIN_S, LoadGenerator
 
     async def main():
         server, port = await one_at_a_time_server(0.5)
@@ -380,7 +380,7 @@ def test_stop_during_the_drain_waits_two_seconds_at_most_and_leaves_the_rest_out
 def _open_loop(rate: float, seconds: float, service_s: float, latency_s: float = 0.0, warmup_s: float = 1.0) -> list:
     """Requests due at ``rate`` from -warmup_s to ``seconds``, served one at a time every
     ``service_s`` (a queue), each also taking ``latency_s`` of its own after that."""
-    from servescope.loadgen import Result
+    from servescope.load.loadgen import Result
 
     out, free = [], -warmup_s
     k = 0
@@ -407,7 +407,7 @@ def test_throughput_of_long_responses_below_capacity_is_the_offered_rate():
 
 
 def test_no_server_timing_hint_when_no_request_got_an_answer():
-    from servescope.loadgen import Result
+    from servescope.load.loadgen import Result
 
     refused = [Result(k * 10**6, k * 10**6, k * 10**6 + 1000, 0, None, "connection refused") for k in range(20)]
     rep = results_report(refused, measure_from_ns=0)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from servescope import Recorder, Report
-from servescope.bench import BenchOptions
+from servescope.load.bench import BenchOptions
 from servescope.cli import main
-from servescope.cluster import _merge, connect, split_level
+from servescope.load.cluster import _merge, connect, split_level
 from servescope.exceptions import ConfigError, EndpointError, MissingDependencyError, RecordError
-from servescope.loadgen import Result, schedule
+from servescope.load.loadgen import Result, schedule
 from servescope.serve.ray_serve import StatsCollector
 
 MS = 1_000_000

@@ -19,8 +19,9 @@ DIST = {"prometheus_client": "prometheus-client", "opentelemetry": "opentelemetr
 #: imported only when present, with a fallback: uvloop (uvicorn[standard] brings it where it
 #: builds), threadpoolctl (scikit-learn brings it), fastapi (the user's app, probed if loaded),
 #: PIL (the doctor varies an image payload with it when the user's endpoint has it; without
-#: it, the image is left as it is)
-OPTIONAL = {"uvloop", "threadpoolctl", "fastapi", "PIL"}
+#: it, the image is left as it is), transformers (bench --tokenizer reads a tokenizer folder
+#: without tokenizer.json with the user's transformers; without it, it says so)
+OPTIONAL = {"uvloop", "threadpoolctl", "fastapi", "PIL", "transformers"}
 
 
 def _names(spec: list[str]) -> set[str]:

@@ -467,6 +467,48 @@ def test_fewer_threads_run_the_model_on_a_pool_of_that_size_and_leave_the_endpoi
     assert later == [before]
 
 
+def test_fewer_threads_cover_a_model_built_per_request_from_its_construction_on():
+    """A model built and loaded in every request: its construction and weight copies are the
+    parallel work a busy core slows, so they run on the sized pool too, and the class is put
+    back exactly as it was."""
+    torch = pytest.importorskip("torch")
+    from servescope.doctor.evidence import Environment, Machine
+    from servescope.doctor.experiments.threads import fewer_threads
+
+    threads_at = {"init": [], "forward": []}
+    weights = {"lin.weight": torch.ones(2, 4), "lin.bias": torch.zeros(2)}
+
+    class Built(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            threads_at["init"].append(torch.get_num_threads())
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            threads_at["forward"].append(torch.get_num_threads())
+            return self.lin(x)
+
+    original = vars(Built)["__init__"], vars(Built)["forward"]
+
+    class Endpoint(FakeEndpoint):
+        def request(self, body, timeout_s):
+            model = Built()
+            model.load_state_dict(weights)
+            with torch.inference_mode():
+                return Observation(5.0, answer=model(torch.ones(1, 4)))
+
+    before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("torch runs on one thread here: there is no smaller pool to try")
+    ev = Evidence(environment=Environment(torch_threads=before, cpus_available=before), machine=Machine(others_cores=before - 0.8),
+                  warm=Warm(requests=3))  # fmt: skip
+    w = fewer_threads(ev, lab(Endpoint()), Seen(torch=torch, model_types=[Built, torch.nn.Linear]))
+    assert w.tried and w.answers == "same" and w.hits > 0
+    assert {1, before} <= set(threads_at["init"]) and {1, before} <= set(threads_at["forward"])
+    assert (vars(Built)["__init__"], vars(Built)["forward"]) == original and "load_state_dict" not in vars(Built)
+    assert "__init__" in vars(torch.nn.Linear) and torch.nn.Linear.__init__.__module__ == "torch.nn.modules.linear"
+
+
 def test_fewer_onnx_runtime_threads_run_on_a_twin_session_of_that_size():
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from servescope.bench import BenchOptions, results_report
+from servescope.load.bench import BenchOptions, results_report
 from servescope.exceptions import ConfigError
-from servescope.inputs import RANDOM_LENGTH, send_order, size_buckets
-from servescope.loadgen import SSE, Result
+from servescope.load.inputs import RANDOM_LENGTH, send_order, size_buckets
+from servescope.load.loadgen import SSE, Result
 
 MS = 1_000_000
 
@@ -37,7 +37,7 @@ def test_the_requests_and_their_sizes_line_up_in_the_order_sent():
     assert len(raw) == len(sizes) == len(options.send_order)
     assert all(r.endswith(b"\r\n\r\n" + {1: b"a", 2: b"bb", 3: b"ccc"}[s]) for r, s in zip(raw, sizes))
     prompts = BenchOptions(url="http://h/", bodies=[b"{}", b"{}"], sizes=[5, 900], size_unit="chars")
-    assert prompts.report_options() == {"openai": None, "model": None, "size_unit": "chars", "sizes": [5, 900]}
+    assert prompts.report_options() == {"openai": None, "model": None, "size_unit": "chars", "sizes": [5, 900], "asked_tokens": None}
     with pytest.raises(ConfigError, match="one size per body"):
         BenchOptions(url="http://h/", bodies=[b"{}"], sizes=[1, 2])
 
@@ -83,7 +83,7 @@ def test_results_report_adds_by_size_from_each_results_request():
 
 
 def test_the_terminal_shows_latency_by_size_and_the_output_tokens():
-    from servescope.openai_api import token_stats
+    from servescope.load.openai_api import token_stats
     from servescope.renderers.terminal import render_terminal
 
     results = [ok(0, 5, ttft_ms=2), ok(1, 50, ttft_ms=20)]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from servescope import loadgen
-from servescope.bench import results_report
+from servescope.load import loadgen
+from servescope.load.bench import results_report
 from servescope.exceptions import ConfigError
-from servescope.loadgen import SSE, LoadGenerator, Result, URL
-from servescope.openai_api import api_of, models_url, request_bodies, token_stats
+from servescope.load.loadgen import SSE, LoadGenerator, Result, URL
+from servescope.load.openai_api import api_of, models_url, request_bodies, token_stats
 from servescope.report import Report
 
 MS = 1_000_000

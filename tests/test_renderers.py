@@ -13,7 +13,7 @@ from servescope import Recorder, Report
 from servescope.renderers import HTMLRenderer, JSONRenderer, Renderer, SweepRenderer, TerminalRenderer, render_json, render_terminal
 from servescope.renderers.html import render_html
 from servescope.renderers.sweep import render_sweep
-from servescope.sweep import saturation, sweep_summary
+from servescope.load.sweep import saturation, sweep_summary
 
 ROWS = [
     {"mode": "concurrency", "level": 1, "throughput_rps": 100.0, "p50_ms": 9.0, "p95_ms": 10.0, "p99_ms": 12.0, "errors": 0},
@@ -75,7 +75,7 @@ def test_the_renderers_do_not_load_the_load_generator():
     import subprocess
     import sys
 
-    code = "import sys, servescope.renderers, servescope.renderers.progress; print('servescope.loadgen' in sys.modules)"
+    code = "import sys, servescope.renderers, servescope.renderers.progress; print('servescope.load.loadgen' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -87,10 +87,10 @@ import xml.etree.ElementTree as ET  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from servescope.bench import results_report  # noqa: E402
-from servescope.loadgen import SSE, Result  # noqa: E402
+from servescope.load.bench import results_report  # noqa: E402
+from servescope.load.loadgen import SSE, Result  # noqa: E402
 from servescope.renderers.charts import Axis, end_labels, histogram_bins  # noqa: E402
-from servescope.slo import SLO  # noqa: E402
+from servescope.load.slo import SLO  # noqa: E402
 from servescope.stats import Distribution  # noqa: E402
 
 MS = 1_000_000

@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-from servescope.bench import results_report
+from servescope.load.bench import results_report
 from servescope.exceptions import ConfigError
-from servescope.loadgen import CHUNKED, OVERSIZED, SSE, Result
-from servescope.request_log import COLUMNS, RequestLog, request_rows
+from servescope.load.loadgen import CHUNKED, OVERSIZED, SSE, Result
+from servescope.load.request_log import COLUMNS, RequestLog, request_rows
 
 MS = 1_000_000
 

@@ -324,6 +324,24 @@ def test_a_saving_measured_by_trying_the_fix_replaces_the_estimate():
     assert f.evidence["load_ms_per_request"] == 15.0  # the probes' own figure stays in the evidence
 
 
+def test_a_busy_machine_whose_speed_moved_between_the_phases_is_said_not_glossed():
+    """On a shared machine a torch endpoint's speed swings 10x: the blocks alternated, so the
+    saving holds at their speed, but not for a request as slow as the endpoint was on its own.
+    The report says so, with the share and what it is at the other speed."""
+    ev = healthy(warm__loads_per_request=2, warm__load_ms_per_request=15.0, p50_ms=900.0)
+    ev.experiments["memoise-loaders"] = WhatIf(
+        fix="loaders answered from memory", tried=True, pairs=6, base_p50_ms=100.0, fixed_p50_ms=25.0,
+        saving_ms=75.0, low_ms=70.0, high_ms=80.0, answers="same", others_cores=0.9,
+    )  # fmt: skip
+    [f] = diagnose_evidence(ev).findings
+    assert f.saving_ms == 75.0 and f.saving_basis == "measured" and f.severity == "critical"  # (75% of the request)
+    assert "ran at p50 100 ms in these blocks but 900 ms when measured on its own (9.0x)" in f.detail
+    assert "75% of the request: about 675 ms at the other speed" in f.detail and "the difference holds" not in f.detail
+    ev.p50_ms = 120.0  # the same speed in both: the alternation holds, and that is all there is to say
+    [f] = diagnose_evidence(ev).findings
+    assert "these blocks but" not in f.detail and "since their blocks alternated, the difference holds" in f.detail
+
+
 def test_a_measured_saving_that_may_be_zero_ranks_by_the_low_end_of_its_interval():
     ev = healthy(warm__forwards=forwards(grad=30))
     ev.experiments["inference-mode"] = WhatIf(fix="f", tried=True, pairs=8, base_p50_ms=2.0, fixed_p50_ms=1.7, saving_ms=0.3, low_ms=-0.1, high_ms=0.7)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servescope.bench import results_report
+from servescope.load.bench import results_report
 from servescope.exceptions import ConfigError
-from servescope.loadgen import SSE, Result
+from servescope.load.loadgen import SSE, Result
 from servescope.report import Report
 from servescope.sections import Load, Requests, Slo
-from servescope.slo import SLO, judge
-from servescope.sweep import find_max, find_max_report
+from servescope.load.slo import SLO, judge
+from servescope.load.sweep import find_max, find_max_report
 
 MS = 1_000_000
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servescope import loadgen
-from servescope.bench import results_report
-from servescope.loadgen import CHUNKED, SSE, LoadGenerator, Result, URL
+from servescope.load import loadgen
+from servescope.load.bench import results_report
+from servescope.load.loadgen import CHUNKED, SSE, LoadGenerator, Result, URL
 from servescope.report import Report
-from servescope.streams import Streamed, overdue, stream_stats
+from servescope.load.streams import Streamed, overdue, stream_stats
 
 MS = 1_000_000
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from servescope import Report
-from servescope.bench import results_report
-from servescope.loadgen import Result
-from servescope.timeline import MAX_WINDOWS, timeline, window_width
+from servescope.load.bench import results_report
+from servescope.load.loadgen import Result
+from servescope.load.timeline import MAX_WINDOWS, timeline, window_width
 
 MS = 1_000_000
 

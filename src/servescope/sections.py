@@ -237,6 +237,17 @@ class Tokens(Section):
     tpot: Summary | None = None
     distributions: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
+    def shortfall(self) -> str | None:
+        """What the report says when answers stopped before their ``max_tokens``: a run meant
+        as "M tokens out" that produced fewer."""
+        if not self.short_answers:
+            return None
+        asked = f"asked {self.asked_output_tokens:,} tokens, got {self.output_tokens:,}" if self.asked_output_tokens else "fewer tokens than asked"
+        return (
+            f"{self.short_answers} of {self.responses} answers stopped before their max_tokens ({asked}): the model "
+            "ended them; --ignore-eos asks vLLM and SGLang to run each answer to its max_tokens"
+        )
+
     @classmethod
     def combine(cls, parts: list[Any], notes: Notes) -> Tokens | None:
         have: list[Tokens] = [p for p in parts if p is not None]
@@ -325,7 +336,7 @@ class Window(Section):
 @dataclass(kw_only=True)
 class Timeline(Section):
     """Latency over time: the measured window cut into at most ~120 windows of ``window_s``
-    (``servescope.timeline``), so a stall shows where it happened. Not combined: each run's
+    (``servescope.load.timeline``), so a stall shows where it happened. Not combined: each run's
     windows are offsets into its own run."""
 
     window_s: float = 1.0
@@ -392,7 +403,7 @@ class Load(Section):
             ("throughput_rps", "each run's throughput is over its own window, which may or may not overlap the others'"),
             ("uncorrected", "percentiles are never averaged, and these keep no distribution to merge"),
             ("generator", "schedule-lag percentiles are never averaged, and these keep no distribution to merge"),
-            ("slo", "goodput is judged request by request within one run; judge the combined figures again (servescope.slo.judge)"),
+            ("slo", "goodput is judged request by request within one run; judge the combined figures again (servescope.load.slo.judge)"),
             ("timeline", "each run's windows are offsets into its own run, whose clock the others do not share, and "
              "per-window percentiles keep no distribution to merge"),
             ("warmup_backlog", "each run's warm-up left its own queue"),

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from servescope.bench import NETWORK, BenchOptions, run_bench
+from servescope.load.bench import NETWORK, BenchOptions, run_bench
 
 from .conftest import start_server, stop
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from servescope import ReportError
-from servescope.bench import BenchOptions, run_bench
+from servescope.load.bench import BenchOptions, run_bench
 from servescope.report import Report
 
 from .conftest import start_server, stop

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servescope.bench import BenchOptions, run_bench
+from servescope.load.bench import BenchOptions, run_bench
 
 from .conftest import free_port
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from servescope.bench import BenchOptions, run_bench
-from servescope.openai_api import request_bodies
+from servescope.load.bench import BenchOptions, run_bench
+from servescope.load.openai_api import request_bodies
 
 pytestmark = pytest.mark.e2e
 TTFT_MS, GAP_MS, TOKENS = 100.0, 20.0, 10
@@ -136,6 +136,7 @@ def test_cli_answers_that_stop_short_are_said_and_ignore_eos_sent(test_server, t
     tk = json.loads(out.read_text())["load"]["tokens"]
     assert tk["short_answers"] == tk["responses"] >= 5 and tk["output_tokens"] == 3 * tk["responses"]
     assert "answers stopped before their max_tokens" in p.stdout and "--ignore-eos" in p.stdout
+    assert "Workload: 16 tokens in, 10 tokens out (max_tokens), seed 0; prompts counted by approximate" in p.stdout
     assert json.loads(out.read_text())["meta"]["workload"]["counted_by"].startswith("approximate")
     p = cli(url, "--input-tokens", "16", "--output-tokens", "10", "--ignore-eos", "-c", "2", "-d", "1", out=out)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from servescope.bench import BenchOptions
-from servescope.cluster import run_bench_ray
+from servescope.load.bench import BenchOptions
+from servescope.load.cluster import run_bench_ray
 
 
 @pytest.fixture(scope="module")

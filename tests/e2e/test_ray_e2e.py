@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from servescope.bench import PROXY, BenchOptions
+from servescope.load.bench import PROXY, BenchOptions
 from servescope.cli import main
-from servescope.cluster import connect, run_bench_ray
+from servescope.load.cluster import connect, run_bench_ray
 from servescope.exceptions import EndpointError
 from servescope.loader import load_target
 from servescope.serve.ray_serve import deploy, report, shutdown

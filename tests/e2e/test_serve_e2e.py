@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from servescope.bench import BenchOptions, run_bench
+from servescope.load.bench import BenchOptions, run_bench
 
 from .conftest import free_port
 
@@ -392,3 +392,34 @@ def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all():
     assert proc.returncode == 0
     for pid in children:  # every worker stopped with the supervisor
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def _burn(stop) -> None:
+    while not stop.is_set():
+        sum(range(100_000))
+
+
+def test_serve_keeps_answering_with_a_cpu_hog_beside_it():
+    """A neighbour that takes a core for the whole run: every request answered, none timed
+    out, p99 bounded (generously: the machine may be busier still), and /metrics says the
+    threads the server runs at now."""
+    import multiprocessing
+
+    stop = multiprocessing.Event()
+    hog = multiprocessing.Process(target=_burn, args=(stop,), daemon=True)
+    hog.start()
+    proc = None
+    try:
+        proc, url = start("--max-batch-size", "16")
+        [rep] = run_bench(BenchOptions(url=f"{url}/predict", bodies=[BODY], content_type="application/json", concurrency=[8],
+                                       duration_s=4, warmup_s=0.5, timeout_s=10))  # fmt: skip
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    finally:
+        stop.set()
+        hog.join(5)
+        if proc is not None:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert not rep.errors and rep.load.requests.ok >= 50
+    assert rep.latency["p99_ms"] < 2000
+    assert "servescope_torch_threads{source=" in metrics

@@ -12,7 +12,7 @@ import urllib.request
 import httpx
 import pytest
 
-from servescope.bench import BenchOptions, run_bench
+from servescope.load.bench import BenchOptions, run_bench
 
 from .test_serve_e2e import start
 

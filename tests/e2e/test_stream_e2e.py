@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from servescope.bench import BenchOptions, run_bench
+from servescope.load.bench import BenchOptions, run_bench
 
 from .conftest import start_server, stop
 

@@ -1,7 +1,7 @@
 """The command line: one module per command, the options they share in ``common.py``.
 
 Each command parses its arguments, builds library objects and renders; the logic lives in
-the library (``servescope.doctor``, ``servescope.bench``, ``servescope.serve`` ...). A new
+the library (``servescope.doctor``, ``servescope.load.bench``, ``servescope.serve`` ...). A new
 command is a module with ``NAME``, ``HELP``, ``add_arguments`` and ``run``, listed in
 ``COMMANDS``; docs/cli.md is generated from the parser (``python -m servescope.cli.reference``).
 """

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from . import common
-from ..openai_api import DEFAULT_MAX_TOKENS
+from ..load.openai_api import DEFAULT_MAX_TOKENS
 from .common import duration, int_list, positive_int, rate_list
 
 NAME = "bench"
@@ -26,7 +26,7 @@ EXIT_NOT_MEASURED = 3
 
 def slo(text: str) -> object:
     from ..exceptions import ConfigError
-    from ..slo import SLO
+    from ..load.slo import SLO
 
     try:
         return SLO.parse(text)
@@ -36,7 +36,7 @@ def slo(text: str) -> object:
 
 def tokens(text: str) -> object:
     from ..exceptions import ConfigError
-    from ..workload import TokenSpec
+    from ..load.workload import TokenSpec
 
     try:
         return TokenSpec.parse(text)
@@ -95,14 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     from rich.text import Text
 
-    from ..bench import BenchOptions, failed_levels, run_bench
-    from ..sweep import sweep_report, sweep_summary
+    from ..load.bench import BenchOptions, failed_levels, run_bench
+    from ..load.sweep import sweep_report, sweep_summary
     from ..exceptions import ConfigError
     from ..payload import content_type_of
     from ..renderers.progress import BenchProgress
     from ..renderers.sweep import render_sweep
     from ..renderers.terminal import render_terminal
-    from ..request_log import RequestLog
+    from ..load.request_log import RequestLog
 
     sent = requests_of(args)
     bodies = sent.pop("bodies")
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     seconds = args.warmup + args.duration if not args.requests else None
     with BenchProgress(out, seconds=seconds, requests=args.requests) as progress:
         if args.ray:
-            from ..cluster import run_bench_ray
+            from ..load.cluster import run_bench_ray
 
             reports = run_bench_ray(
                 options, address=args.ray, generators=args.generators or 2, say=out.print, on_progress=progress.show,
@@ -169,8 +169,8 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
     """The bodies to send (--body, --data, --file, or --openai's prompts), their Content-Type
     and input sizes; a combination that cannot be meant is refused in one line."""
     from ..exceptions import ConfigError
-    from ..loadgen import URL
-    from ..openai_api import api_of, first_model, request_bodies
+    from ..load.loadgen import URL
+    from ..load.openai_api import api_of, first_model, request_bodies
     from ..payload import multipart_form, read_body, read_jsonl
 
     if args.body and args.data:
@@ -218,14 +218,14 @@ def token_workload(args: argparse.Namespace) -> dict[str, Any]:
     report's meta says of the workload."""
     import random
 
-    from ..workload import SYNTHETIC_PROMPTS, synthetic_prompts, token_counter
+    from ..load.workload import MAX_SYNTHETIC_PROMPTS, SYNTHETIC_PROMPTS, synthetic_prompts, token_counter
 
     seed = args.seed or 0
     counter = token_counter(args.tokenizer) if args.tokenizer or args.input_tokens else None
     out: dict[str, Any] = {"prompts": args.prompt, "max_tokens": args.max_tokens or DEFAULT_MAX_TOKENS, "measure": len, "unit": "chars"}
     if counter is not None:
         out.update(measure=counter.count, unit="tokens" if counter.exact else "tokens, approximate", counted_by=counter.name)
-    count = max(SYNTHETIC_PROMPTS, args.requests or 0)
+    count = min(max(SYNTHETIC_PROMPTS, args.requests or 0), MAX_SYNTHETIC_PROMPTS)
     if args.input_tokens:
         out["prompts"], _ = synthetic_prompts(args.input_tokens, counter, count=count, seed=seed)
         out["input_tokens"] = str(args.input_tokens)
@@ -247,11 +247,11 @@ def find_max(options: object, args: argparse.Namespace, out: Console, *, on_resu
 
     from rich.text import Text
 
-    from ..bench import run_bench
+    from ..load.bench import run_bench
     from ..exceptions import ConfigError
     from ..renderers.sweep import render_sweep
     from ..renderers.terminal import render_terminal
-    from ..sweep import find_max as search, find_max_report, sweep_summary
+    from ..load.sweep import find_max as search, find_max_report, sweep_summary
 
     if args.slo is None:
         raise ConfigError("--find-max needs --slo: the objectives a rate must meet")

@@ -58,7 +58,7 @@ def at_least(low: int) -> Any:
 
 
 def duration(text: str) -> float:
-    from ..bench import parse_duration
+    from ..load.bench import parse_duration
 
     try:
         return parse_duration(text)

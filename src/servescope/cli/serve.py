@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", metavar="DURATION", type=duration, default=None, help="time to receive a request head, 408 after; idle connections close (default 10s)")
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=None, help="open connections, 503 beyond (default 1000, fewer under a lower open-files limit)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
-    parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads (default: OMP_NUM_THREADS when it is set, else the CPUs available; said at start-up and in /metrics)")
+    parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads, kept as given (default: OMP_NUM_THREADS when it is set, else the CPUs available, then adapted while serving to the count forwards run fastest at; said at start-up and in /metrics)")
     parser.add_argument("--path", metavar="ROUTE", default=None, help="the route the model answers at: the one its clients already call (default /predict)")
     parser.add_argument(
         "-X", "--method", metavar="METHOD", action="append", type=str.upper, choices=("POST", "PUT", "PATCH"), default=None,

@@ -23,7 +23,7 @@ _OUTSIDE = "not visible from outside the process: run `servescope doctor file.py
 
 
 def diagnose_url(url: str, *, payload: Any = None, options: DoctorOptions | None = None) -> Report:
-    from ..bench import BenchOptions, run_bench
+    from ..load.bench import BenchOptions, run_bench
     from ..rules import diagnose_report
 
     options = options or DoctorOptions()

@@ -3,7 +3,7 @@ options at construction and ``render(subject) -> str`` (the ``Renderer`` protoco
 
     TerminalRenderer, JSONRenderer, HTMLRenderer      render(report)
     ComparisonRenderer, ComparisonHTMLRenderer        render(comparison)   servescope.compare
-    SweepRenderer                                     render(rows)         servescope.sweep
+    SweepRenderer                                     render(rows)         servescope.load.sweep
 
 The module-level functions (render_terminal, render_json, render_html ...) are thin wrappers.
 """

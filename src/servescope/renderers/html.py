@@ -17,7 +17,6 @@ from ..compare import Comparison
 from ..report import Report
 from ..sections import Load
 from .charts import COLORS, Axis, Bar, Series, bar_chart, histogram_bins, label_room, line_chart, log_scale
-from ..openai_api import shortfall
 from .terminal import stage_label
 
 __all__ = ["ComparisonHTMLRenderer", "HTMLRenderer", "render_comparison_html", "render_html"]
@@ -196,7 +195,7 @@ def _tokens(load: Load) -> str:
         said.append(f"TPOT (vLLM) p50 {_f(tk.tpot.get('p50_ms'))} · p99 {_f(tk.tpot.get('p99_ms'))} ms")
     if tk.input_tokens is not None:
         said.append(f"input {tk.input_tokens:,} tokens · input + output {_f(tk.total_tokens_per_s, 1)} tokens/s")
-    short = shortfall(tk)
+    short = tk.shortfall()
     return "<p>" + " · ".join(said) + "</p>" + (f'<div class="finding medium">{html.escape(short)}</div>' if short else "")
 
 
@@ -300,7 +299,7 @@ def _findings(rep: Report) -> str:
 
 class HTMLRenderer:
     """The report as one self-contained HTML page; ``sweep`` (rows from
-    ``servescope.sweep.sweep_summary``) adds the throughput-latency curve.
+    ``servescope.load.sweep.sweep_summary``) adds the throughput-latency curve.
 
         Path("report.html").write_text(HTMLRenderer(sweep=rows).render(report))
     """

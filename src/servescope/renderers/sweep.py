@@ -8,14 +8,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..sweep import saturation
+from ..load.sweep import saturation
 from .base import console_text
 
 __all__ = ["SweepRenderer", "render_sweep"]
 
 
 class SweepRenderer:
-    """The sweep's table (rows from ``servescope.sweep.sweep_summary``) and where it saturates;
+    """The sweep's table (rows from ``servescope.load.sweep.sweep_summary``) and where it saturates;
     printed to ``console`` when one is given, and returned as plain text.
 
         SweepRenderer(console=Console()).render(sweep_summary(reports))

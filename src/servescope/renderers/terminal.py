@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..openai_api import shortfall
 from ..report import Finding, Report
 from ..sections import SECTIONS, Diagnosis, Load
 from .base import console_text
@@ -131,7 +130,7 @@ def _headline(report: Report) -> list[Text]:
     if load.stream is not None:
         lines += _stream_lines(load)
     if load.tokens is not None:
-        lines += _token_lines(load)
+        lines += _token_lines(load, report.meta.get("workload"))
     if load.slo is not None:
         lines += _slo_lines(load)
     gens, lost = load.generators, load.generators_lost
@@ -238,9 +237,14 @@ def _stream_lines(load: Load) -> list[Text]:
     return lines
 
 
-def _token_lines(load: Load) -> list[Text]:
+def _token_lines(load: Load, workload: Any = None) -> list[Text]:
     tk = load.tokens
     assert tk is not None
+    lines = []
+    if isinstance(workload, dict) and (workload.get("input_tokens") or workload.get("output_tokens")):
+        said = [f"{workload[k]} tokens {w}" for k, w in (("input_tokens", "in"), ("output_tokens", "out (max_tokens)")) if workload.get(k)]
+        counted = workload.get("counted_by")
+        lines.append(Text(f"Workload: {', '.join(said)}, seed {workload.get('seed', 0)}" + (f"; prompts counted by {counted}" if counted else ""), style="dim"))
     how = [f"{n} {what}" for n, what in ((tk.from_usage, "from usage"), (tk.from_deltas, "counted from deltas"), (tk.uncounted, "not counted: no usage, not streamed")) if n]
     t = Text()
     t.append("Output tokens", style="bold")
@@ -249,11 +253,11 @@ def _token_lines(load: Load) -> list[Text]:
     t.append(f"{tk.output_tokens:,} in {tk.responses} responses ({', '.join(how) or 'none'}) · {rate}/s")
     t.append(" · TPOT (vLLM) ", style="bold")
     t.append(_p(tk.tpot, "p50", "p99"))
-    lines = [t]
+    lines.append(t)
     if tk.input_tokens is not None:
         total = f"{tk.total_tokens_per_s:,.1f}" if tk.total_tokens_per_s is not None else "-"
         lines.append(Text(f"  input {tk.input_tokens:,} tokens (usage) · input + output {total} tokens/s", style="dim"))
-    short = shortfall(tk)
+    short = tk.shortfall()
     if short:
         lines.append(Text(f"  {short}", style="yellow"))
     return lines

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 
 from ..doctor.evidence import Evidence, WhatIf
 
-__all__ = ["BUSY_CORES", "Saving", "measured_or_estimated", "severity"]
+__all__ = ["BUSY_CORES", "SPEED_MOVED", "Saving", "measured_or_estimated", "severity"]
 
 #: Other processes using this many cores or more make the machine busy (doctor/run.py).
 BUSY_CORES = 0.5
+#: the unchanged endpoint's p50 in an experiment's blocks and on its own further apart than
+#: this factor: the machine's speed moved, and the saving in ms is said to hold at the blocks'
+SPEED_MOVED = 1.5
 
 
 def severity(saving_ms: float, p50_ms: float) -> str:
@@ -74,9 +77,9 @@ def measured_or_estimated(
     """The experiment's measured saving when it ran to the end; else the estimate, saying
     from what it was made and why the fix was not tried."""
     w = ev.tried(experiment)
-    if w is not None:
-        return _measured(w, experiment)
     base = p50_ms if p50_ms is not None else ev.p50_ms
+    if w is not None:
+        return _measured(w, experiment, endpoint_p50_ms=base)
     why = ""
     failed = ev.experiments.get(experiment)
     if failed is not None and failed.why_not:
@@ -85,7 +88,25 @@ def measured_or_estimated(
     return Saving(ms=estimate_ms, basis="estimated", load=load, detail=text, p50_ms=base or 0.0)
 
 
-def _measured(w: WhatIf, experiment: str) -> Saving:
+def _speed_moved(w: WhatIf, endpoint_p50_ms: float | None) -> str:
+    """What to say when the unchanged endpoint ran at another speed in the experiment's blocks
+    than when the doctor measured it on its own (a busy machine whose speed swings): the
+    difference holds for the blocks, not for every moment; the share travels better."""
+    base = w.base_p50_ms or 0.0
+    if w.measure == "first chunk" or not endpoint_p50_ms or base <= 0:
+        return ""
+    ratio = endpoint_p50_ms / base
+    if 1 / SPEED_MOVED <= ratio <= SPEED_MOVED:
+        return ""
+    share = max(w.saving_ms or 0.0, 0.0) / base
+    return (
+        f" The unchanged endpoint ran at p50 {_ms(base)} ms in these blocks but {_ms(endpoint_p50_ms)} ms when measured on its own "
+        f"({ratio:.1f}x): the machine's speed moved between them, so this saving in ms holds at the blocks' speed. As a share "
+        f"it is {share:.0%} of the request: about {_ms(share * endpoint_p50_ms)} ms at the other speed."
+    )
+
+
+def _measured(w: WhatIf, experiment: str, endpoint_p50_ms: float | None = None) -> Saving:
     load = f"c={w.concurrency}" + (", first chunk" if w.measure == "first chunk" else "")
     saving = max(w.saving_ms or 0.0, 0.0)
     level = f"{w.coverage:.0%}" if w.coverage is not None else "95%"
@@ -99,11 +120,12 @@ def _measured(w: WhatIf, experiment: str) -> Saving:
         else f"no gain ({_ms(w.saving_ms or 0.0)} ms per request{interval}): the fix does not make this endpoint faster here"
     )
     busy = ""
+    moved = _speed_moved(w, endpoint_p50_ms)
     if w.others_cores is not None and w.others_cores >= BUSY_CORES:
-        busy = (
-            f" Other processes kept {w.others_cores:.1f} cores busy meanwhile: both arms were slower than on a quiet machine, "
-            "and since their blocks alternated, the difference holds."
+        busy = f" Other processes kept {w.others_cores:.1f} cores busy meanwhile" + (
+            "." if moved else ": both arms ran beside them, and since their blocks alternated, the difference holds."
         )
+    busy += moved
     if w.low_ms is not None and w.low_ms <= 0 < (w.saving_ms or 0.0):
         busy += " The interval includes zero: this saving cannot be told from none."
     what = "p50 time to first chunk" if w.measure == "first chunk" else "p50"

@@ -204,6 +204,13 @@ class ServeApp:
         if self.state == "starting":  # not loaded beforehand with load_now()
             threading.Thread(target=self.load_now, name="servescope-load", daemon=True).start()
 
+    def _threads_switched(self, before: int, after: int, why: str) -> None:
+        """The tuner moved torch's threads: /info and /metrics say the count now, and why."""
+        self.info.update(torch_threads=after, threads_from="adapted while serving", threads_why=why)
+        if self.metrics is not None:
+            self.metrics.threads.clear()
+            self.metrics.threads.labels(source="adapted while serving").set(after)
+
     def load_now(self) -> str:
         """Load and warm up in this thread; returns the state ("ready" or "failed"). For hosts
         that decide readiness themselves (a Ray replica is routed to once its constructor ends)."""
@@ -229,14 +236,16 @@ class ServeApp:
             # to its end): a request that comes while others stream starts at once
             self.runtime.live = []
             self.batcher.advance = self.runtime.advance
+            info["threads_adapt"] = self.runtime.adapt_threads(on_switch=self._threads_switched)
             self.batcher.start()
             self.state = "ready"
             threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()
             log.info(
                 "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
-                "torch threads %s of %s CPUs (from %s); max_batch_size %d; a lone request %s",
+                "torch threads %s of %s CPUs (from %s%s); max_batch_size %d; a lone request %s",
                 info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"],
-                info.get("torch_threads", "-"), info["cpus_available"], info.get("threads_from", "-"), self.batcher.max_batch_size,
+                info.get("torch_threads", "-"), info["cpus_available"], info.get("threads_from", "-"),
+                ", adapted while serving" if info["threads_adapt"] else "", self.batcher.max_batch_size,
                 "runs on the event loop (no thread hand-off)" if info.get("inline") else "goes through the worker",
             )  # fmt: skip
         except Exception as exc:

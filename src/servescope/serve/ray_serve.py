@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from ..cluster import connect, node_name
+from ..load.cluster import connect, node_name
 from ..exceptions import ConfigError, EndpointError, require
 from ..recorder import Recorder
 from ..report import Report

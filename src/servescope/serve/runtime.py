@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ from ..environment import available_cpus
 from ..timing import OTHER, Trace, resolve_clock, stage
 from .batching import Item
 from .model import Model
+from .threads import ThreadTuner, thread_choice, thread_choices
 
 __all__ = ["Runtime", "collate", "split"]
 
@@ -89,6 +89,8 @@ class Runtime:
         #: streams under way and their items, advanced a round at a time by ``advance()`` (None:
         #: each stream runs to its end in the call that starts it, as in warm-up)
         self.live: list[tuple[Iterator[bool], list[Item]]] | None = None
+        #: adapts torch's threads while serving (``adapt_threads``), when the user did not fix them
+        self.tuner: ThreadTuner | None = None
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -119,6 +121,17 @@ class Runtime:
         # CUDA is initialised now if it is used: events time the device stages right
         self.clock = resolve_clock("auto", None)
         return self.info
+
+    def adapt_threads(self, on_switch: Callable[[int, int, str], None] | None = None) -> bool:
+        """From now on (after warm-up) adapt torch's CPU threads to what forwards take
+        (``serve/threads.py``), unless ``--threads`` or ``OMP_NUM_THREADS`` fixed them; True
+        when adapting."""
+        torch = sys.modules.get("torch")
+        n = self.info.get("torch_threads")
+        if torch is None or self.device != "cpu" or self.info.get("threads_from") != "the CPUs available" or not n or n < 2:
+            return False
+        self.tuner = ThreadTuner(apply=torch.set_num_threads, start=n, choices=thread_choices(n), on_switch=on_switch)
+        return True
 
     def warm_up(self, example: Any, batch_sizes: list[int]) -> list[int]:
         """Run the example (and ``Model.examples``) through every stage at each batch size,
@@ -495,9 +508,14 @@ class Runtime:
                 with stage("to_device"):
                     batch = self._to_device(self.model.collate(inputs))
                 with stage("infer"):
+                    tuner = self.tuner
+                    threads = tuner.next() if tuner is not None else 0
+                    t0 = time.perf_counter_ns()
                     out = self._call(self.model.infer, batch)
                     if inspect.isgenerator(out):  # infer yields: its first step is this forward
                         steps = _Steps(out, self._call(next, out, _END))
+                    if tuner is not None:
+                        tuner.record(threads, time.perf_counter_ns() - t0, len(items))
                 if steps is None:
                     with stage("to_host"):
                         out = to_host(out)
@@ -735,15 +753,3 @@ def split(out: Any, n: int) -> list[Any]:
             raise ValueError(f"the model returned {len(out)} outputs for a batch of {n}")
         return [out[i] for i in range(n)]
     raise TypeError(f"cannot split a batch output of type {type(out).__name__}: override infer() to return one output per item")
-
-
-def thread_choice(requested: int | None, cpus: float) -> tuple[int, str]:
-    """torch's intra-op threads and where the number came from: ``threads=`` (``--threads``),
-    else the user's own ``OMP_NUM_THREADS`` (a container's or a launcher's, kept as they set
-    it), else the CPUs this process may use."""
-    if requested:
-        return requested, "--threads"
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env), "OMP_NUM_THREADS"
-    return max(1, int(cpus)), "the CPUs available"

@@ -163,7 +163,7 @@ class _HTTPEndpoint:
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
-        from ...loadgen import URL, LoadGenerator, build_requests, error_kind
+        from ...load.loadgen import URL, LoadGenerator, build_requests, error_kind
 
         target = URL.parse(self.url)
         raw = build_requests(target, method=self.method, bodies=[body], content_type=self.content_type if body else None)

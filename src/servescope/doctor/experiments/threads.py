@@ -1,12 +1,15 @@
 """Fewer compute threads: a pool sized to the CPUs really free (a neighbour on the machine,
 workers beside this one), tried on the endpoint as written, for each kind of pool.
 
-- torch: ``torch.set_num_threads`` holds for threads that have not run a parallel region
-  yet; the endpoint's own worker threads keep the size they started with. So while applied,
-  the model call runs on one thread of the experiment's own, whose pool is the size tried,
-  and the caller waits for it (the hand-off costs tens of microseconds: against the fix,
-  not for it). Setting that thread's size also sets the default of threads made later: it
-  is put back as soon as the thread has started, so the endpoint's threads are never changed.
+- torch: the experiment cannot reach into the endpoint's own worker threads (each keeps its
+  pool size), so while applied the model's calls run on one thread of the experiment's own,
+  whose pool is the size tried, and the caller waits for it (the hand-off costs tens of
+  microseconds: against the fix, not for it). The calls moved: the forwards of the models the
+  requests called, and for a model class the requests built (a model built per request,
+  whose construction and weight copies are parallel work too) its ``__init__``,
+  ``load_state_dict`` and ``forward``, for every instance while applied. Setting that
+  thread's size also sets the default of threads made later: it is put back as soon as the
+  thread has started, so the endpoint's threads are never changed.
 - ONNX Runtime: a session's intra-op pool is fixed when it is built, so a twin of each
   session the requests ran is built with the size tried (same model, options and providers;
   the memory bound counts it), and the session's ``run`` goes to the twin in the fixed blocks.
@@ -17,6 +20,7 @@ workers beside this one), tried on the endpoint as written, for each kind of poo
 from __future__ import annotations
 
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -48,7 +52,8 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     module_type = torch.nn.Module
     targets = list({id(o): (o, m) for o, m, _ in seen.owners.values() if isinstance(o, module_type)}.values())
     targets += [(m, "forward") for m in seen.modules if id(m) not in {id(o) for o, _ in targets}]
-    if not targets:
+    built = [t for t in seen.model_types if isinstance(t, type) and issubclass(t, module_type) and not t.__module__.startswith("torch.")]
+    if not targets and not built:
         return None
     before = torch.get_num_threads()
     def sized() -> None:
@@ -60,8 +65,13 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     torch.set_num_threads(before)  # ... and the default new threads get is put back at once
     count = [0]
 
+    sized_thread: list[Any] = []
+    pool.submit(lambda: sized_thread.append(threading.current_thread())).result()
+
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
         def on_fewer_threads(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is sized_thread[0]:  # (a call within a moved call: already there)
+                return call(*args, **kwargs)
             count[0] += 1
             grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
@@ -77,6 +87,9 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         with patching() as patches:
             for obj, method in targets:
                 patches.method(obj, method, make(getattr(obj, method)))
+            for cls in built:  # every instance, the ones built during the block too
+                for method in ("__init__", "load_state_dict", "forward"):
+                    patches.set(cls, method, make(getattr(cls, method)))
         return patches.undo
 
     return lab.compare(

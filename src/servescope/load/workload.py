@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .exceptions import ConfigError
+from ..exceptions import ConfigError
 
-__all__ = ["APPROXIMATE", "SYNTHETIC_PROMPTS", "TokenCounter", "TokenSpec", "synthetic_prompts", "token_counter"]
+__all__ = ["APPROXIMATE", "MAX_SYNTHETIC_PROMPTS", "SYNTHETIC_PROMPTS", "TokenCounter", "TokenSpec", "synthetic_prompts", "token_counter"]
 
-#: synthetic prompts built for a run (cycled past that); at least as many as --requests asks
-SYNTHETIC_PROMPTS = 1000
+#: synthetic prompts built for a run (cycled past that): as many as --requests asks, within these
+SYNTHETIC_PROMPTS, MAX_SYNTHETIC_PROMPTS = 1000, 10_000
 APPROXIMATE = "approximate: one common English word a token, no tokenizer given"
 
 # Common English words: one token each in all-MiniLM-L6-v2's vocabulary (tests/test_workload.py)

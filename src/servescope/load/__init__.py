@@ -1,0 +1,18 @@
+"""``servescope bench``: the load generator and what its results mean, one job beside
+``doctor/`` and ``serve/``.
+
+    loadgen.py      the open- and closed-loop generator (raw HTTP/1.1, asyncio)
+    bench.py        a run: levels, warm-up, one Report per level (``run_bench``)
+    cluster.py      generators on a Ray cluster, merged
+    inputs.py       the bodies' order, latency by input size
+    openai_api.py   OpenAI-compatible requests and their tokens
+    workload.py     workloads in tokens (``--input-tokens``, ``--output-tokens``)
+    streams.py      TTFT, ITL, TPOT of streamed answers
+    slo.py          objectives and goodput
+    sweep.py        a sweep's curve, its knee, ``--find-max``
+    timeline.py     a run over time, where it stalled
+    request_log.py  one row per request (``--csv``)
+
+Their old places (``servescope.bench``, ``servescope.loadgen`` ...) still import, with a
+DeprecationWarning, until the next release.
+"""

@@ -1,0 +1,518 @@
+"""``servescope bench``: load an endpoint, and report latency per stage from its Server-Timing.
+
+    options = BenchOptions(url="http://127.0.0.1:8000/predict", method="POST",
+                           bodies=[b'{"text": "hi"}'], concurrency=[1, 4, 16], duration_s=10)
+    reports = run_bench(options)          # one Report per load level
+
+Each level runs warm-up then measurement as one continuous load (no gap for the server to
+recover), and the very first request of the whole run is sent alone first: its latency is the
+cold start (``latency.first_ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..exceptions import ConfigError, EndpointError, ServerTimingError
+from .inputs import send_order, size_buckets
+from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, error_kind, streamed
+from .openai_api import asked_tokens, token_stats
+from ..recorder import Recorder
+from ..report import Report
+from ..sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo, WarmupBacklog
+from ..servertiming import server_timing_durations
+from .slo import SLO, judge
+from ..stats import Distribution, summarize
+from .streams import Streamed, stream_stats
+from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
+from .timeline import timeline
+from ..timing import OTHER
+
+__all__ = ["BenchOptions", "failed_levels", "parse_duration", "run_bench", "results_report", "saturation", "sweep_summary"]
+
+#: The stage that holds what the server's own timing does not: the network, the client,
+#: and the server outside its stages before they started (accept, parsing).
+NETWORK = "network+client"
+#: The same gap when the server says a proxy stands before it (``upstream`` in its
+#: Server-Timing, as servescope's replicas on Ray Serve do): the proxy's parsing, routing and
+#: queueing, plus the network and the client.
+PROXY = "proxy+network"
+_REPLICA = re.compile(rb'replica;\s*desc="?([^",;]+)')
+#: A streamed response: from its head to its last byte (the server's Server-Timing, sent with
+#: the head, covers the time before it: the rest of the stream is this stage).
+AFTER_HEAD = "stream_after_head"
+#: Open loop only: time a request waited for its send slot (a free connection, or a late
+#: scheduler); part of the latency a user would see.
+CLIENT_WAIT = "client_wait"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``"10s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a plain number of seconds -> seconds."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ConfigError(f"not a duration: {text!r} (use 10s, 500ms, 2m)")
+    value = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    return value
+
+
+@dataclass
+class BenchOptions:
+    """What to send, how hard, for how long. Validated at construction."""
+
+    url: str
+    method: str = "GET"
+    bodies: list[bytes] = field(default_factory=list)
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str | None = None
+    concurrency: list[int] = field(default_factory=list)
+    rate: list[float] = field(default_factory=list)
+    poisson: bool = False
+    duration_s: float | None = 10.0
+    requests: int | None = None
+    warmup_s: float = 1.0
+    timeout_s: float = 30.0
+    max_connections: int = 1024
+    seed: int | None = None
+    #: objectives to judge each level on (``SLO.parse("p99<200ms")``): goodput, and met or not
+    slo: SLO | None = None
+    #: how the bodies are sent: "cycle" (in order, again and again) or "random" (each pass
+    #: over them shuffled, seeded by ``seed``)
+    order: str = "cycle"
+    #: an OpenAI-compatible endpoint, "chat" or "completions" (bodies from ``openai_api.request_bodies``):
+    #: its output tokens are counted (``load.tokens``)
+    openai: str | None = None
+    model: str | None = None
+    #: each body's input size, for ``load.by_size`` (default: its length in bytes), and the unit
+    sizes: list[int] | None = None
+    size_unit: str = "bytes"
+    #: how the requests were made, for the report's meta (``bench --input-tokens``: the token
+    #: counts asked and who counted them)
+    workload: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.target = URL.parse(self.url)
+        self.method = self.method.upper()
+        if not re.fullmatch(r"[A-Z]+", self.method):
+            raise ConfigError(f"not an HTTP method: {self.method!r}")
+        if self.concurrency and self.rate:
+            raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
+        if not self.concurrency and not self.rate:
+            self.concurrency = [1]
+        for c in self.concurrency:
+            if not isinstance(c, int) or c < 1:
+                raise ConfigError(f"concurrency must be a whole number >= 1, got {c!r}")
+        for r in self.rate:
+            if not isinstance(r, (int, float)) or not r > 0 or math.isinf(r):
+                raise ConfigError(f"rate must be a number of requests/s > 0, got {r!r}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ConfigError(f"duration must be > 0, got {self.duration_s!r}")
+        if self.requests is not None and self.requests < 1:
+            raise ConfigError(f"requests must be >= 1, got {self.requests!r}")
+        if self.requests is not None:
+            self.duration_s = None
+        if self.warmup_s < 0 or self.timeout_s <= 0:
+            raise ConfigError("warm-up must be >= 0 and timeout > 0")
+        if self.bodies and self.method == "GET":
+            self.method = "POST"
+        if self.openai not in (None, "chat", "completions"):
+            raise ConfigError(f"openai must be 'chat' or 'completions', got {self.openai!r}")
+        if self.sizes is not None and len(self.sizes) != len(self.bodies):
+            raise ConfigError(f"sizes must give one size per body: {len(self.sizes)} for {len(self.bodies)} bodies")
+        #: which body each request of the list the generator cycles is (one list for every generator)
+        self.send_order = send_order(len(self.bodies) or 1, self.order, seed=self.seed)
+
+    @property
+    def levels(self) -> list[tuple[str, float]]:
+        return [("concurrency", c) for c in self.concurrency] + [("rate", r) for r in self.rate]
+
+    def raw_requests(self) -> list[bytes]:
+        """The requests the generator cycles, in ``order``."""
+        raw = build_requests(
+            self.target, method=self.method, bodies=self.bodies or None, headers=self.headers,
+            content_type=self.content_type,
+        )  # fmt: skip
+        return raw if self.order == "cycle" else [raw[i] for i in self.send_order]
+
+    def report_options(self) -> dict[str, Any]:
+        """What ``results_report`` needs to know of the requests: the API, and each one's input size."""
+        sizes = self.sizes if self.sizes is not None else [len(b) for b in self.bodies]
+        asked = asked_tokens(self.bodies) if self.openai else None
+        return {
+            "openai": self.openai, "model": self.model, "size_unit": self.size_unit,
+            "sizes": [sizes[i] for i in self.send_order] if sizes else None,
+            "asked_tokens": [asked[i] for i in self.send_order] if asked else None,
+        }  # fmt: skip
+
+
+#: a warm-up queue is said when this many requests wait at the window's opening, the oldest for
+#: this many times what the warm-up's first requests took (an empty queue's latency)
+BACKLOG_REQUESTS, BACKLOG_AGE = 4, 4.0
+
+
+def warmup_backlog(results: list[Result], measure_from_ns: int) -> WarmupBacklog | None:
+    """Requests due in the warm-up still unanswered when the measured window opened, when
+    there are ``BACKLOG_REQUESTS`` of them and the oldest had waited ``BACKLOG_AGE`` times the
+    latency of the warm-up's first requests (a server over capacity at this rate: that queue is
+    in the window's latencies); None when the warm-up left no such queue."""
+    warm = sorted((r for r in results if r.scheduled_ns < measure_from_ns), key=lambda r: r.scheduled_ns)
+    waiting = [r.scheduled_ns for r in warm if r.done_ns > measure_from_ns]
+    if len(waiting) < BACKLOG_REQUESTS:
+        return None
+    early = warm[: max(5, len(warm) // 10)]
+    empty_queue_ms = float(np.median([(r.done_ns - r.scheduled_ns) / 1e6 for r in early]))
+    oldest_ms = (measure_from_ns - min(waiting)) / 1e6
+    return WarmupBacklog(requests=len(waiting), oldest_ms=round(oldest_ms, 1)) if oldest_ms >= BACKLOG_AGE * empty_queue_ms else None
+
+
+def results_report(
+    results: list[Result],
+    *,
+    measure_from_ns: int,
+    measure_until_ns: int | None = None,
+    first_ms: float | None = None,
+    lags_ns: list[int] | None = None,
+    meta: dict[str, Any] | None = None,
+    open_loop: bool = False,
+    slo: SLO | None = None,
+    openai: str | None = None,
+    model: str | None = None,
+    sizes: list[int] | None = None,
+    size_unit: str = "bytes",
+    asked_tokens: list[int | None] | None = None,
+) -> Report:
+    """A Report from raw results: requests *scheduled* from ``measure_from_ns`` on count.
+
+    Latency counts from the earlier of the scheduled and the actual send time (coordinated
+    omission corrected: equal to the send time in closed loop); ``uncorrected`` from the send.
+    Stages come from each response's Server-Timing; ``network+client`` is what the client saw
+    beyond the server's total. Plain 6-tuples in ``Result``'s field order (the form before
+    ``Result`` had names) are read as Results. Streamed responses add ``load.stream`` (TTFB,
+    TTFT, the gaps between tokens: ``streams.stream_stats``; ``open_loop`` corrects the gaps
+    for coordinated omission); an ``slo`` adds ``load.slo`` (each objective judged on the run,
+    and the goodput: requests whose own figures met every objective). ``openai`` (the API)
+    adds ``load.tokens`` (output tokens, vLLM's TPOT; with ``asked_tokens``, each request's
+    ``max_tokens``, the answers that stopped short of it); ``sizes`` (each request's input size, by
+    ``Result.request``) adds ``load.by_size`` when the sizes differ.
+    """
+    results = [r if type(r) is Result else Result(*r) for r in results]
+    rec = Recorder(keep_samples=0)
+    uncorrected = Distribution()
+    measured = [r for r in results if r.scheduled_ns >= measure_from_ns]
+    with_timing = 0
+    bad_timing = 0
+    too_large = 0
+    replicas: dict[str, int] = {}
+    streams: list[Streamed] = []
+    oks: list[tuple[float, int]] = []  # each success's latency, and its index in streams (-1: not streamed)
+    for result in measured:
+        sched, sent, done, st = result.scheduled_ns, result.sent_ns, result.done_ns, result.server_timing
+        start = sched if sched < sent else sent
+        latency = (done - start) / 1e6
+        kind = error_kind(result)
+        if kind is not None:
+            rec.record_durations({}, latency, error=kind)
+            if st is not None:  # an error answer with the header: the server does send it
+                with_timing += 1
+            continue
+        from_send = (done - sent) / 1e6
+        uncorrected.add(from_send)
+        head_ns = None
+        if streamed(result):
+            streams.append(Streamed(start, *result.stream))
+            head_ns = result.stream[1]
+            oks.append((latency, len(streams) - 1))
+        elif slo is not None:
+            oks.append((latency, -1))
+        stages: dict[str, float] = {}
+        if st is not None:
+            try:  # each response's own: a bad one is counted and set aside, the run goes on
+                if st == OVERSIZED:
+                    too_large += 1
+                    raise ServerTimingError("over the size kept per response")
+                stages, total = server_timing_durations(st.decode("latin-1"))
+            except ServerTimingError:
+                bad_timing += 1
+                stages, total = {}, None
+            if stages or total is not None:
+                with_timing += 1
+                covered = sum(stages.values())
+                if total is not None and total > covered:  # server time outside its stages
+                    stages[OTHER] = stages.get(OTHER, 0.0) + total - covered
+                server = total if total is not None else covered
+                if head_ns is None:
+                    stages[PROXY if b"upstream;" in st else NETWORK] = max(from_send - server, 0.0)
+                else:  # a streamed answer's head says the server's time up to the head
+                    stages[PROXY if b"upstream;" in st else NETWORK] = max((head_ns - sent) / 1e6 - server, 0.0)
+                    stages[AFTER_HEAD] = max((done - head_ns) / 1e6, 0.0)
+                m = _REPLICA.search(st)
+                if m:
+                    replica = m.group(1).decode("latin-1")
+                    replicas[replica] = replicas.get(replica, 0) + 1
+        wait = (sent - sched) / 1e6
+        if wait > 0 and stages:
+            stages[CLIENT_WAIT] = wait
+        rec.record_durations(stages, latency)
+    report = rec.report(**(meta or {}))
+    if first_ms is not None:
+        report.latency["first_ms"] = round(first_ms, 4)
+    ok = report.latency["count"]
+    throughput, window_s = completion_rate(results, measured, ok, measure_from_ns, measure_until_ns)
+    end = measure_until_ns or max((r.done_ns for r in measured), default=measure_from_ns)
+    load = report.load = Load(
+        throughput_rps=round(throughput, 2) if measured else 0.0,
+        requests=Requests(measured=len(measured), ok=ok, warmup=len(results) - len(measured)),
+        uncorrected=summarize(uncorrected),
+        server_timing=ServerTimingCounts(
+            responses_with_header=with_timing,
+            malformed=bad_timing,
+            too_large=too_large,
+            hint=None
+            if with_timing or not any(r.status for r in measured)  # no answer at all: nothing to judge the header by
+            else f"every Server-Timing header the server sent was malformed or too large ({bad_timing} set aside), so only "
+            "end-to-end figures are shown"
+            if bad_timing
+            else "the server sent no Server-Timing header, so only end-to-end figures are shown: add "
+            "servescope.middleware.ServescopeMiddleware (or serve with servescope.serve) to get the per-stage breakdown",
+        ),
+        replicas=dict(sorted(replicas.items())),  # who answered, from each response's Server-Timing
+        timeline=timeline(measured, start_ns=measure_from_ns, end_ns=end),  # latency over time: a stall shows
+        warmup_backlog=warmup_backlog(results, measure_from_ns) if open_loop else None,
+    )
+    gaps: list[np.ndarray] = []
+    if streams:
+        load.stream, gaps = stream_stats(streams, open_loop=open_loop, window_s=window_s)
+    if slo is not None:
+        good = 0
+        for latency, i in oks:
+            if i < 0:
+                good += slo.request_met(latency_ms=latency)
+                continue
+            s = streams[i]
+            n = len(s.times_ns)
+            good += slo.request_met(
+                latency_ms=latency,
+                ttfb_ms=(s.head_ns - s.start_ns) / 1e6,
+                ttft_ms=(s.times_ns[0] - s.start_ns) / 1e6 if n else None,
+                gaps_ms=gaps[i],
+                tpot_ms=(s.times_ns[-1] - s.times_ns[0]) / 1e6 / (n - 1) if n > 1 else None,
+            )
+        checks = judge(slo, report)
+        load.slo = Slo(
+            slo=str(slo), met=all(c.met for c in checks), checks=checks, good=good,
+            goodput_rps=round(good / window_s, 2) if measured else 0.0,
+        )  # fmt: skip
+    if openai is not None:
+        load.tokens = token_stats(measured, api=openai, model=model, window_s=window_s, asked=asked_tokens)
+    if sizes:
+        load.by_size = size_buckets(measured, sizes, unit=size_unit)
+    if lags_ns:
+        lags = np.asarray(lags_ns, dtype=float) / 1e6
+        p99 = float(np.percentile(lags, 99))
+        load.generator = GeneratorHealth(
+            schedule_lag_p50_ms=round(float(np.percentile(lags, 50)), 3),
+            schedule_lag_p99_ms=round(p99, 3),
+            behind=bool(p99 > 2.0),
+        )
+    return report
+
+
+def completion_rate(
+    results: list[Result], measured: list[Result], ok: int, measure_from_ns: int, measure_until_ns: int | None
+) -> tuple[float, float]:
+    """Throughput, and the window the measured requests' other rates are taken over.
+
+    Throughput is the rate at which the server completed successes during the measured window:
+    those that ended in it (warm-up requests included), over its length. Counting instead the
+    requests *due* in the window repeats the offered rate back above the server's capacity (an
+    open loop at 40/s on a server that completes 21.5/s read 40/s), and dividing them by the
+    time to the last one's end reads low whenever responses are long (streams). The measured
+    requests' goodput and tokens are stated at the same rate: over ``ok / throughput`` seconds.
+    Without an end to the window (``--requests``) it ends at the last measured success."""
+    done_ok = [r.done_ns for r in measured if error_kind(r) is None]
+    end = measure_until_ns or max(done_ok, default=measure_from_ns)
+    span_s = max((end - measure_from_ns) / 1e9, 1e-9)
+    completed = sum(1 for r in results if measure_from_ns <= r.done_ns <= end and error_kind(r) is None)
+    if not completed or not ok:  # nothing ended in the window (responses longer than it): to the last end
+        last = max(done_ok, default=end)
+        span_s = max((last - measure_from_ns) / 1e9, 1e-9)
+        return ok / span_s, span_s
+    rate = completed / span_s
+    return rate, ok / rate
+
+
+async def first_request(options: BenchOptions, raw: list[bytes]) -> tuple[float | None, str | None]:
+    gen = LoadGenerator(options.target, raw[:1], timeout_s=options.timeout_s, openai=options.openai is not None)
+    results = await gen.closed_loop(concurrency=1, requests=1)
+    if not results:
+        return None, "no response"
+    r = results[0]
+    return (r.done_ns - r.sent_ns) / 1e6, error_kind(r)
+
+
+async def run_level(
+    options: BenchOptions,
+    raw: list[bytes],
+    mode: str,
+    level: float,
+    on_tick: Callable[[LoadGenerator], None] | None,
+    state: dict[str, Any],
+    *,
+    offset_ns: int = 0,
+    seed: int | None = None,
+) -> tuple[list[Result], int, int | None, list[int]]:
+    gen = LoadGenerator(
+        options.target, raw, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick,
+        openai=options.openai is not None,
+    )
+    state["gen"] = gen
+    t0 = time.perf_counter_ns()
+    measure_from = t0 + round(options.warmup_s * 1e9)
+    duration = None if options.duration_s is None else options.warmup_s + options.duration_s
+    total_requests = None
+    if options.requests is not None:  # requests count the measured ones: add the warm-up's
+        total_requests = options.requests + (round(options.warmup_s * level) if mode == "rate" else 0)
+    if options.requests is not None and mode == "concurrency":
+        measure_from = t0  # a request budget in closed loop: no time-based warm-up
+    if mode == "concurrency":
+        await gen.closed_loop(concurrency=int(level), duration_s=duration, requests=total_requests)
+    else:
+        await gen.open_loop(
+            rate=level, duration_s=duration, requests=total_requests, poisson=options.poisson,
+            seed=options.seed if seed is None else seed, offset_ns=offset_ns,
+        )  # fmt: skip
+    state["gen"] = None
+    state["first_error_body"] = gen.first_error_body
+    until = None if options.duration_s is None else measure_from + round(options.duration_s * 1e9)
+    if until is not None:  # interrupted: the window ends where the run was stopped, not after its drain
+        until = min(until, gen.stopped_ns or time.perf_counter_ns())
+    return gen.results, measure_from, until, gen.lags
+
+
+def level_meta(options: BenchOptions, mode: str, level: float) -> dict[str, Any]:
+    """What a level's report says of how it was run."""
+    return {
+        "tool": "servescope bench",
+        "target": str(options.target),
+        "method": options.method,
+        "mode": "closed loop" if mode == "concurrency" else ("open loop, Poisson" if options.poisson else "open loop"),
+        mode: level,
+        "duration_s": options.duration_s,
+        "warmup_s": options.warmup_s,
+        **({"workload": options.workload} if options.workload else {}),
+        "title": f"servescope bench {options.method} {options.target} ({mode}={level:g})",
+    }
+
+
+def is_unreachable(error: str | None) -> bool:
+    """True for a first request that could not even connect (a wrong URL, a server not up)."""
+    return error in ("connection refused", "connect timeout") or (error or "").startswith("connect error")
+
+
+def run_bench(
+    options: BenchOptions,
+    *,
+    on_tick: Callable[[str, LoadGenerator], None] | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    on_results: Callable[[str, float, list[Result], int], None] | None = None,
+) -> list[Report]:
+    """Run every load level; return one Report per level (the cold first request in each).
+
+    ``on_results(mode, level, results, measure_from_ns)`` gets each level's raw results as it
+    ends (``request_log.RequestLog.add`` writes the measured ones as CSV rows).
+
+    Raises ``EndpointError`` when the very first request cannot connect (a wrong URL or a server
+    that is not up). Ctrl-C (SIGINT) ends the level under way: its report covers what ran,
+    and later levels are skipped.
+    """
+    raw = options.raw_requests()
+    reports: list[Report] = []
+    state: dict[str, Any] = {"gen": None, "interrupted": False}
+
+    def interrupt() -> None:
+        state["interrupted"] = True
+        if state["gen"] is not None:
+            state["gen"].stop()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+            pass
+        first_ms, first_err = await first_request(options, raw)
+        if is_unreachable(first_err):
+            raise EndpointError(f"cannot reach {options.target}: {first_err}")
+        for mode, level in options.levels:
+            if state["interrupted"]:
+                break
+            label = f"{mode}={level:g}"
+            tick = (lambda gen, label=label: on_tick(label, gen)) if on_tick else None
+            cpu0 = time.process_time()
+            results, measure_from, until, lags = await run_level(options, raw, mode, level, tick, state)
+            cpu = time.process_time() - cpu0
+            if on_results is not None:
+                on_results(mode, level, results, measure_from)
+            meta = level_meta(options, mode, level)
+            if state["interrupted"]:
+                meta["interrupted"] = True
+            rep = results_report(
+                results, measure_from_ns=measure_from, measure_until_ns=until, first_ms=first_ms,
+                lags_ns=lags, meta=meta, open_loop=mode == "rate", slo=options.slo, **options.report_options(),
+            )  # fmt: skip
+            assert rep.load is not None  # results_report made it
+            rep.load.first_error = first_err or None
+            rep.load.first_error_body = state.get("first_error_body")
+            if results:
+                rep.load.generator = rep.load.generator or GeneratorHealth()
+                rep.load.generator.cpu_us_per_request = round(cpu / len(results) * 1e6, 1)
+            reports.append(rep)
+
+    loop = (loop_factory or fast_loop())()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return reports
+
+
+#: A level at or over this share of failed requests did not measure the endpoint: its latency
+#: figures are of error answers (often fast ones), so the run fails and says so first.
+FAILED_SHARE = 0.5
+
+
+def failed_levels(reports: list[Report]) -> str | None:
+    """What to say first when a level's requests mostly failed (or none completed), else None:
+    the failures by kind and the first error answer's body."""
+    said = []
+    for rep in reports:
+        load = rep.load
+        measured = load.requests.measured if load is not None and load.requests is not None else 0
+        failed = sum(rep.errors.values())
+        if measured and failed < FAILED_SHARE * measured:
+            continue
+        kinds = ", ".join(f"{kind} x{n}" for kind, n in sorted(rep.errors.items(), key=lambda kv: -kv[1])) or "no answer"
+        level = next((f"{k}={rep.meta[k]:g}" for k in ("concurrency", "rate") if isinstance(rep.meta.get(k), (int, float))), "the run")
+        said.append(f"{level}: {failed} of {measured} requests failed ({kinds})" if measured else f"{level}: no request completed")
+    if not said:
+        return None
+    body = next((r.load.first_error_body for r in reports if r.load is not None and r.load.first_error_body), None)
+    return "; ".join(said) + (f". First error answer: {body}" if body else "")
+
+
+def fast_loop() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard] on Linux/macOS
+        return asyncio.new_event_loop

@@ -1,0 +1,737 @@
+"""The load generator: HTTP/1.1 keep-alive connections driven closed-loop or open-loop.
+
+It shares two CPU cores with the server it measures, so its own cost per request matters:
+requests are pre-encoded bytes, responses are parsed by httptools (llhttp, in C) on plain
+asyncio protocols, completions are callbacks (no coroutine or future per request), and
+``Server-Timing`` headers are kept as raw bytes and parsed only after the run.
+
+Open loop (``rate``): request k is *scheduled* at ``start + k / rate`` (or at Poisson arrival
+times) and its latency is measured from that scheduled time, as wrk2 does: a server that
+stalls cannot hide its stall by slowing the generator down (coordinated omission). The
+latency from the actual send is kept as well ("uncorrected").
+
+Streamed responses (chunked transfer encoding, or ``text/event-stream``) also keep when their
+head arrived and when each chunk (for Server-Sent Events: each event carrying ``data``)
+arrived, one clock read per chunk; a plain response pays only for two header-name lengths
+compared. ``bench.results_report`` turns these into TTFB, TTFT and inter-chunk gaps.
+
+OpenAI-compatible endpoints (``openai=True``): an event is a token only when it carries text,
+and the event with the ``usage`` object (or a plain answer's last 64 KiB) is kept and read
+once, when the response is complete (``usage``); other runs pay nothing for this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import re
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+from urllib.parse import urlsplit
+
+import httptools
+
+from ..exceptions import ConfigError
+
+__all__ = [
+    "CHUNKED", "MAX_SERVER_TIMING_BYTES", "OUTPUT", "OVERSIZED", "SSE", "LoadGenerator", "Result", "URL",
+    "build_requests", "error_kind", "ok_latencies_ms", "schedule", "streamed", "usage",
+]  # fmt: skip
+
+_EARLY_NS = 200_000
+
+#: The most ``Server-Timing`` text kept per response (its lines joined): 8 KiB, a server's usual
+#: limit for one header line. servescope's own header is a few hundred bytes; past the cap a
+#: response keeps ``OVERSIZED`` instead (a hostile server could send megabytes per response,
+#: kept for the whole run and parsed after it).
+MAX_SERVER_TIMING_BYTES = 8192
+#: What a response keeps in place of a Server-Timing value over the cap: a NUL, which no header
+#: value may hold, so it survives pickling (results from Ray generators) and compares by value.
+OVERSIZED = b"\0"
+#: ``Result.stream[0]``: a chunked response (each chunk counts), or Server-Sent Events (each
+#: event with a ``data`` field counts, wherever the chunks split it)
+CHUNKED = 1
+SSE = 2
+
+class Result(NamedTuple):
+    """One completed (or failed) request, as the generator saw it (``perf_counter_ns`` times).
+
+    A named tuple: as cheap to build and to pickle (results from Ray generators) as the bare
+    tuple it replaces, so the generator's own cost per request does not move.
+
+        r = results[0]
+        r.done_ns - r.sent_ns, r.status, error_kind(r)
+    """
+
+    #: when the request was due: the open loop's schedule; the send time in closed loop
+    scheduled_ns: int
+    #: when its bytes were written
+    sent_ns: int
+    #: when the response completed, or the request failed
+    done_ns: int
+    #: the HTTP status, or 0 when no response came
+    status: int
+    #: the raw ``Server-Timing`` value (several lines joined), ``OVERSIZED``, or None
+    server_timing: bytes | None
+    #: a transport failure ("timeout", "connection reset", "not sent" ...), or None
+    error: str | None
+    #: a streamed response: ``(CHUNKED or SSE, head_ns, [arrival_ns of each chunk or event])``
+    #: (the head: status line and headers); None for a plain response
+    stream: tuple[int, int, list[int]] | None = None
+    #: which of the generator's ``requests`` it was (its index), or -1 when not known
+    request: int = -1
+    #: OpenAI-compatible runs: ``(completion_tokens, prompt_tokens or None)`` from the answer's
+    #: ``usage``, or None when it sent none
+    usage: tuple[int, int | None] | None = None
+
+
+#: After ``stop()`` (Ctrl-C), how long the requests under way get to finish, in seconds; a run
+#: that ends on its own gives each its whole timeout (the requests due in it all count).
+STOP_DRAIN_S = 2.0
+#: How much of the first error answer's body is kept.
+ERROR_BODY_BYTES = 512
+#: OpenAI-compatible runs: how much of a plain answer's end is kept to find its ``usage``, and
+#: the longest SSE line kept whole (a longer one is cut: its event then counts by what is kept)
+OPENAI_TAIL_BYTES = 65536
+
+#: OpenAI-compatible runs: an event that carries text, a non-empty ``content``,
+#: ``reasoning_content`` or ``text`` string (a key inside a string is escaped, ``\"text\"``,
+#: so it does not match); and a ``usage`` object (not ``"usage": null``, which OpenAI sends in
+#: every event but the last)
+OUTPUT = re.compile(rb'"(?:content|reasoning_content|text)"\s*:\s*"(?!")')
+USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+
+
+def usage(data: bytes | None) -> tuple[int, int | None] | None:
+    """``(completion_tokens, prompt_tokens or None)`` from the ``usage`` object in ``data`` (an
+    event, or the end of a whole answer), or None when there is none."""
+    if not data:
+        return None
+    m = USAGE.search(data)
+    if m is None:
+        return None
+    rest = data[m.end() : m.end() + 4096]
+    out = _COMPLETION.search(rest)
+    if out is None:
+        return None
+    prompt = _PROMPT.search(rest)
+    return int(out.group(1)), None if prompt is None else int(prompt.group(1))
+
+
+#: Builds a Result without the generated ``__new__``'s Python frame (a third of the cost),
+#: on the per-response path only.
+_result = tuple.__new__
+
+
+def error_kind(result: Result) -> str | None:
+    """Why a request failed (a transport error, or ``HTTP <status>`` for >= 400), or None."""
+    if result.error is not None:
+        return result.error
+    if result.status >= 400:
+        return f"HTTP {result.status}"
+    return None
+
+
+def streamed(result: Result) -> bool:
+    """Whether the response was streamed: Server-Sent Events, or chunked in two chunks or more
+    (a chunked answer in one chunk is a plain one: raw ASGI apps chunk every answer)."""
+    s = result.stream
+    return s is not None and (s[0] == SSE or len(s[2]) > 1)
+
+
+def ok_latencies_ms(results: list[Result]) -> list[float]:
+    """The successes' latencies (ms, from the earlier of schedule and send), for live views."""
+    return [
+        (r.done_ns - min(r.scheduled_ns, r.sent_ns)) / 1e6 for r in results if r.error is None and r.status < 400
+    ]
+
+
+@dataclass(frozen=True)
+class URL:
+    """Where the load goes: an endpoint's URL, parsed (``URL.parse("http://127.0.0.1:8000/predict")``)."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+    @classmethod
+    def parse(cls, url: str) -> URL:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"malformed URL {url!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"malformed URL {url!r}: expected http://HOST[:PORT]/PATH or https://...")
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        return cls(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path)
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host_header}{self.path}"
+
+
+def build_requests(
+    target: URL,
+    *,
+    method: str = "GET",
+    bodies: list[bytes] | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    content_type: str | None = None,
+) -> list[bytes]:
+    """The raw requests to send, one per body (cycled by the generator)."""
+    head = [f"{method} {target.path} HTTP/1.1", f"Host: {target.host_header}", "User-Agent: servescope"]
+    names = {k.lower() for k, _ in headers or []}
+    if content_type and "content-type" not in names:
+        head.append(f"Content-Type: {content_type}")
+    for k, v in headers or []:
+        if "\r" in k + v or "\n" in k + v:
+            raise ConfigError(f"header {k!r} contains a line break")
+        head.append(f"{k}: {v}")
+    out = []
+    for body in bodies or [b""]:
+        lines = [*head]
+        if body or method not in ("GET", "HEAD"):
+            lines.append(f"Content-Length: {len(body)}")
+        out.append(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+    return out
+
+
+def schedule(rate: float, start_ns: int, *, poisson: bool = False, seed: int | None = None):
+    """Send times (ns) for an open loop at ``rate`` requests/s: evenly spaced, or Poisson."""
+    if not rate > 0:
+        raise ConfigError(f"rate must be > 0 requests/s, got {rate!r}")
+    k = 0
+    if not poisson:
+        while True:
+            yield start_ns + round(k * 1e9 / rate)
+            k += 1
+    rng = random.Random(seed)
+    t = float(start_ns)
+    while True:
+        yield round(t)
+        t += rng.expovariate(rate) * 1e9
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; at most one request in flight (no pipelining)."""
+
+    def __init__(self, gen: LoadGenerator) -> None:
+        self.gen = gen
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.cur: list[Any] | None = None  # [scheduled_ns, sent_ns]
+        self.st: bytes | None = None  # the first Server-Timing line, or OVERSIZED
+        self.more: list[bytes] | None = None  # with several lines: all of them, joined at the end
+        self.st_len = 0  # their joined length, while several
+        self.st_cap = gen.max_server_timing_bytes
+        self.body: bytes | None = None  # kept only for the run's first error answer
+        self.kind = 0  # CHUNKED or SSE once the headers say so
+        self.head_ns = 0
+        self.chunks: list[int] | None = None  # a streamed response's arrival times
+        self.new_chunk = False
+        self.sse_rest = b""  # the start of an SSE line not yet ended (6 bytes say what it is)
+        self.sse_data = False  # the SSE event under way has a data field
+        self.open = False
+        self.index = -1  # the request in flight: its index in gen.requests
+        self.openai = gen.openai
+        self.usage: bytes | None = None  # OpenAI: the event with the usage object
+        self.tail: bytes | None = None  # OpenAI: the end of an answer that is not SSE (its usage is there)
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._drop("bad response")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        if self.cur is not None:
+            self._drop("connection reset" if self.gen.running or self.gen._draining else "unfinished at the end")
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        # the run's first error answer keeps its body (up to ERROR_BODY_BYTES), to say why
+        if self.gen.first_error_body is None and self.parser.get_status_code() >= 400:
+            self.body = b""
+        if self.kind:
+            self.head_ns = time.perf_counter_ns()
+            self.chunks = []
+        if self.openai and self.kind != SSE:  # an answer in one piece: its usage is near its end
+            self.tail = b""
+
+    def on_chunk_header(self) -> None:
+        self.new_chunk = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.chunks is not None:
+            if self.kind == SSE:
+                self._events(body)
+            elif self.new_chunk:  # a chunk's bytes may come in several reads: its first read counts
+                self.new_chunk = False
+                self.chunks.append(time.perf_counter_ns())
+        if self.tail is not None:
+            self.tail = (self.tail + body)[-OPENAI_TAIL_BYTES:]
+        if self.body is not None and len(self.body) < ERROR_BODY_BYTES:
+            self.body += body[: ERROR_BODY_BYTES - len(self.body)]
+
+    def _events(self, body: bytes) -> None:
+        """Server-Sent Events: an event ends at an empty line; it counts when it had a data
+        field (lines end in LF or CRLF)."""
+        if self.sse_rest:
+            body = self.sse_rest + body
+        lines = body.split(b"\n")
+        if self.openai:
+            self.sse_rest = lines.pop()[:OPENAI_TAIL_BYTES]
+            self._openai_events(lines)
+            return
+        self.sse_rest = lines.pop()[:13]  # enough of a split line to tell "data:" (and "data: [DONE]")
+        now = 0
+        for line in lines:
+            if not line or line == b"\r":
+                if self.sse_data:
+                    self.sse_data = False
+                    self.chunks.append(now or (now := time.perf_counter_ns()))  # type: ignore[union-attr]
+            elif line[:5] == b"data:" or line.rstrip(b"\r") == b"data":
+                if line[5:].strip() != b"[DONE]":  # OpenAI's end-of-stream marker: not a token
+                    self.sse_data = True
+
+    def _openai_events(self, lines: list[bytes]) -> None:
+        """OpenAI's events: a token when it carries text; the one with ``usage`` is kept."""
+        now = 0
+        for line in lines:
+            if not line or line == b"\r":
+                if self.sse_data:
+                    self.sse_data = False
+                    self.chunks.append(now or (now := time.perf_counter_ns()))  # type: ignore[union-attr]
+            elif line[:5] == b"data:":
+                if OUTPUT.search(line):
+                    self.sse_data = True
+                if USAGE.search(line):
+                    self.usage = line
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = len(name)
+        if n == 13:
+            if name.lower() == b"server-timing":
+                if self.chunks is not None:  # a trailer, after a chunked body: the head's figures are the ones
+                    return  # read (its whole-stream breakdown would count the stream after the head twice)
+                if self.st is None and len(value) <= self.st_cap:
+                    self.st = value
+                else:
+                    self._another_timing_line(value)
+        elif n == 12:
+            if value[:17].lower() == b"text/event-stream" and name.lower() == b"content-type":
+                self.kind = SSE
+        elif n == 17 and not self.kind and name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            self.kind = CHUNKED
+
+    def _another_timing_line(self, value: bytes) -> None:
+        st = self.st
+        if st is None:  # a first line over the cap: nothing of it is kept
+            self.st = OVERSIZED
+        elif st is not OVERSIZED:
+            if self.more is None:
+                self.more, self.st_len = [st], len(st)
+            self.st_len += 2 + len(value)
+            if self.st_len > self.st_cap:
+                self.st, self.more = OVERSIZED, None
+            else:
+                self.more.append(value)
+
+    def on_message_complete(self) -> None:
+        done = time.perf_counter_ns()
+        cur, self.cur = self.cur, None
+        st, self.st = self.st, None
+        if self.more is not None:  # joined once, not at each line
+            st, self.more = b", ".join(self.more), None
+        stream = None
+        if self.chunks is not None:
+            # a chunked answer in one chunk is a plain one (raw ASGI apps chunk every answer):
+            # nothing kept, so the run holds no extra object per plain response
+            if self.kind == SSE or len(self.chunks) > 1:
+                stream = (self.kind, self.head_ns, self.chunks)
+            self.chunks, self.kind, self.sse_rest, self.sse_data = None, 0, b"", False
+        tokens = None
+        if self.openai:
+            tokens, self.usage, self.tail = usage(self.usage or self.tail), None, None
+        if cur is None:  # a response nobody asked for (after a timeout): ignore it
+            return
+        gen = self.gen
+        parser = self.parser
+        if self.body is not None:
+            if gen.first_error_body is None:
+                gen.first_error_body = f"HTTP {parser.get_status_code()}: " + self.body.decode("utf-8", "replace")
+            self.body = None
+        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None, stream, self.index, tokens))
+        if not parser.should_keep_alive():
+            self.open = False
+            self.transport.close()  # type: ignore[union-attr]
+        elif gen._fast:  # closed loop in full swing: send the next request right here
+            gen.results.append(result)
+            reqs = gen.requests
+            gen.sent += 1
+            now = time.perf_counter_ns()
+            self.cur = [now, now]
+            self.index = i = gen._next % len(reqs)  # in order: the next of the list, whoever sends
+            gen._next += 1
+            self.transport.write(reqs[i])  # type: ignore[union-attr]
+            if gen._limit is not None and gen.sent >= gen._limit:
+                gen._fast = False
+            return
+        gen._complete(self, result)
+
+    def send(self, request: bytes, cur: list[Any], index: int = -1) -> None:
+        self.cur = cur
+        self.index = index
+        cur[1] = now = time.perf_counter_ns()
+        if cur[0] is None:  # closed loop: scheduled when sent
+            cur[0] = now
+        self.transport.write(request)  # type: ignore[union-attr]
+
+    def _drop(self, kind: str) -> None:
+        cur, self.cur = self.cur, None
+        self.st = self.more = self.body = self.chunks = self.usage = self.tail = None
+        self.kind, self.sse_rest, self.sse_data = 0, b"", False
+        self.open = False
+        if self.transport is not None:
+            self.transport.close()
+        if cur is not None:
+            self.gen._complete(self, Result(cur[0], cur[1], time.perf_counter_ns(), 0, None, kind, None, self.index))
+
+
+class LoadGenerator:
+    """Sends ``requests`` (cycled) to ``target``; collects one ``Result`` per request.
+
+        gen = LoadGenerator(URL.parse(url), build_requests(...))
+        results = asyncio.run(gen.closed_loop(concurrency=8, duration_s=10))
+    """
+
+    def __init__(
+        self,
+        target: URL,
+        requests: list[bytes],
+        *,
+        timeout_s: float = 30.0,
+        max_connections: int = 1024,
+        on_tick: Callable[[LoadGenerator], None] | None = None,
+        max_server_timing_bytes: int = MAX_SERVER_TIMING_BYTES,
+        openai: bool = False,
+    ) -> None:
+        if not requests:
+            raise ConfigError("no request to send")
+        if not isinstance(max_server_timing_bytes, int) or max_server_timing_bytes < 0:
+            raise ConfigError(f"max_server_timing_bytes must be a whole number >= 0, got {max_server_timing_bytes!r}")
+        self.max_server_timing_bytes = max_server_timing_bytes
+        #: an OpenAI-compatible endpoint: tokens are events with text, ``Result.usage`` is read
+        self.openai = openai
+        #: "HTTP 422: <its body>" for the first answer >= 400 of the run, to say why requests fail
+        self.first_error_body: str | None = None
+        self.target = target
+        self.requests = requests
+        self.timeout_ns = round(timeout_s * 1e9)
+        self.max_connections = max_connections
+        self.on_tick = on_tick
+        self.results: list[Result] = []
+        self.conns: list[_Conn] = []
+        self.idle: list[_Conn] = []
+        self.pending: collections.deque[int] = collections.deque()  # scheduled_ns waiting for a connection
+        self.connecting = 0
+        self.running = False
+        self.in_flight = 0
+        self.sent = 0
+        self.lags: list[int] = []  # open loop: how late the scheduler dispatched each request
+        self.stopped = False
+        self.stopped_ns: int | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._next = 0
+        self._ssl = ssl.create_default_context() if target.scheme == "https" else None
+        self._mode = "closed"
+        self._limit: int | None = None
+        self._fast = False  # closed loop running below its limit: completions send inline
+        self._drained: asyncio.Future[None] | None = None
+        self._draining = False  # the level's load ended; waiting for what is still under way
+        self._drain_implicit = False  # the drain is the timeout's: stop() cuts it to STOP_DRAIN_S
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- connections -------------------------------------------------------------------------
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(
+            lambda: _Conn(self), self.target.host, self.target.port, ssl=self._ssl
+        )
+        self.conns.append(conn)
+        return conn
+
+    def _send(self, conn: _Conn, scheduled_ns: int | None) -> None:
+        self.sent += 1
+        self.in_flight += 1
+        reqs = self.requests
+        i = self._next % len(reqs)
+        self._next += 1
+        conn.send(reqs[i], [scheduled_ns, 0], i)
+
+    def _complete(self, conn: _Conn, result: Result) -> None:
+        self.results.append(result)
+        self.in_flight -= 1
+        if not self.running:
+            if self._sends_after_schedule() and self.pending:  # open loop: what waited for a connection goes out
+                if conn.open:
+                    self._send(conn, self.pending.popleft())
+                else:
+                    self._spawn_connect()
+            self._check_drained()
+            return
+        if self._mode == "closed":
+            if self._limit is not None and self.sent >= self._limit:
+                if conn.open:
+                    self.idle.append(conn)
+            elif conn.open:
+                self._send(conn, None)
+            else:
+                self._spawn(self._reconnect_and_send(delay=result.error is not None))
+        elif self.pending:
+            if conn.open:
+                self._send(conn, self.pending.popleft())
+            else:
+                self._spawn_connect()
+        elif conn.open:
+            self.idle.append(conn)
+
+    def _sends_after_schedule(self) -> bool:
+        """Open loop after its schedule ended: requests due in it that waited for a connection
+        are still sent (their latency counts from when they were due), unless it was stopped."""
+        return self._mode == "open" and self._draining and not self.stopped
+
+    def _busy(self) -> bool:
+        """Something to wait for: a request in flight, or one pending that a connection on
+        its way can still send."""
+        return self.in_flight > 0 or bool(self.pending and self.connecting and self._sends_after_schedule())
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and not self._drained.done() and not self._busy():
+            self._drained.set_result(None)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reconnect_and_send(self, delay: bool = False) -> None:
+        if delay:  # a dead server: do not spin
+            await asyncio.sleep(0.01)
+        scheduled = time.perf_counter_ns()
+        try:
+            conn = await self._connect()
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.results.append(Result(scheduled, scheduled, time.perf_counter_ns(), 0, None, _connect_error(exc)))
+            if self.running:
+                self._spawn(self._reconnect_and_send(delay=True))
+            return
+        if self.running:
+            self._send(conn, None)
+
+    def _spawn_connect(self) -> None:
+        """Open a connection for the pending requests; counted as connecting from now on."""
+        self.connecting += 1
+        self._spawn(self._open_and_dispatch())
+
+    async def _open_and_dispatch(self) -> None:
+        try:
+            conn = await self._connect()
+        except (OSError, asyncio.TimeoutError) as exc:
+            if self.pending:
+                sched = self.pending.popleft()
+                self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, _connect_error(exc)))
+            self._check_drained()
+            return
+        finally:
+            self.connecting -= 1
+        if self.pending and (self.running or self._sends_after_schedule()):
+            self._send(conn, self.pending.popleft())
+        else:
+            self.idle.append(conn)
+            self._check_drained()
+
+    # -- housekeeping ------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        """Time out requests that took too long; tick the progress display."""
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.perf_counter_ns()
+            for conn in self.conns:
+                cur = conn.cur
+                if cur is not None and now - cur[1] > self.timeout_ns:
+                    conn._drop("timeout")
+            if len(self.conns) > 64:
+                self.conns = [c for c in self.conns if c.open or c.cur is not None]
+            if self.on_tick is not None:
+                self.on_tick(self)
+
+    async def _finish(self, drain_s: float | None) -> None:
+        """Wait for the requests in flight (open loop: and those still waiting for a
+        connection), up to ``drain_s`` (default: the request timeout + 0.5 s, so each ends
+        answered or timed out; after ``stop()``, STOP_DRAIN_S); a request sent and still
+        unanswered then counts as failed, ``unfinished at the end``, unless the run was
+        stopped (Ctrl-C: what completed is kept, the rest left out)."""
+        self.running = False
+        self._fast = False
+        self._drain_implicit = drain_s is None
+        if drain_s is None:
+            drain_s = STOP_DRAIN_S if self.stopped else self.timeout_ns / 1e9 + 0.5
+        self._draining = True
+        if self._busy():
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._drained, drain_s)
+            except asyncio.TimeoutError:
+                pass
+        self._draining = False
+        for task in list(self._tasks):  # reconnects still waiting on a dead server
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in self.conns:
+            if conn.cur is not None:
+                if self.stopped:
+                    conn.cur = None  # interrupted, not failed: left out
+                else:
+                    conn._drop("unfinished at the end")
+        for conn in self.conns + self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
+
+    def stop(self) -> None:
+        """End the run early (Ctrl-C): no new requests; those under way get STOP_DRAIN_S (or
+        the ``drain_s`` given) to finish; what completed so far is kept."""
+        self.stopped = True
+        self.stopped_ns = time.perf_counter_ns()  # where the measured window ends (not after the drain)
+        self._fast = False
+        if self._stop_event is not None:
+            self._stop_event.set()
+        if self._drain_implicit and self._drained is not None and not self._drained.done():
+            asyncio.get_running_loop().call_later(STOP_DRAIN_S, self._end_drain)
+
+    def _end_drain(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def progress_since(self, seen: int) -> tuple[int, int, list[float]]:
+        """For a live view: requests completed so far, and among those after the first ``seen``:
+        how many failed, and the successes' latencies (ms)."""
+        results = self.results
+        n = len(results)
+        window = results[seen:n]
+        ok = ok_latencies_ms(window)
+        return n, len(window) - len(ok), ok
+
+    # -- drivers -----------------------------------------------------------------------------
+    async def closed_loop(self, *, concurrency: int, duration_s: float | None = None, requests: int | None = None, drain_s: float | None = None) -> list[Result]:
+        """``concurrency`` requests always in flight, for ``duration_s`` or about ``requests``."""
+        self._mode = "closed"
+        self._limit = requests
+        self.running = True
+        self._fast = requests is None or requests > concurrency
+        sweeper = asyncio.ensure_future(self._sweep())
+        try:
+            start = time.perf_counter_ns()
+            for _ in range(concurrency if requests is None else min(concurrency, requests)):
+                self._spawn(self._reconnect_and_send())
+            await self._wait(start, duration_s, requests)
+        finally:
+            try:
+                await self._finish(drain_s)  # the sweeper still times out what hangs
+            finally:
+                sweeper.cancel()
+        return self.results
+
+    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float | None = None, offset_ns: int = 0) -> list[Result]:
+        """Requests sent on a fixed schedule at ``rate``/s, whatever the server does; the first
+        one ``offset_ns`` after the start (generators sharing a rate interleave this way)."""
+        self._mode = "open"
+        self.running = True
+        sweeper = asyncio.ensure_future(self._sweep())
+        for _ in range(min(self.max_connections, 4)):  # a few connections ready before the clock starts
+            try:
+                self.idle.append(await self._connect())
+            except (OSError, asyncio.TimeoutError):
+                break
+        start = time.perf_counter_ns()
+        end = start + round(duration_s * 1e9) if duration_s is not None else None
+        try:
+            for k, due in enumerate(schedule(rate, start + offset_ns, poisson=poisson, seed=seed)):
+                if (end is not None and due >= end) or (requests is not None and k >= requests) or self.stopped:
+                    break
+                now = time.perf_counter_ns()
+                # the loop's timers are coarse (1 ms under uvloop): wake a little early and send
+                # on time; latency counts from the earlier of the schedule and the actual send
+                if due - now > _EARLY_NS:
+                    await asyncio.sleep((due - now - _EARLY_NS) / 1e9)
+                    now = time.perf_counter_ns()
+                self.lags.append(now - due)  # > 0: the generator itself is late
+                if self.idle:
+                    conn = self.idle.pop()
+                    if conn.open:
+                        self._send(conn, due)
+                        continue
+                self.pending.append(due)
+                if len(self.conns) + self.connecting < self.max_connections:
+                    self._spawn_connect()
+        finally:
+            try:
+                await self._finish(drain_s)  # the sweeper still times out what hangs
+            finally:
+                sweeper.cancel()
+        for sched in self.pending:  # never sent: they count, as failures of the run
+            self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, "not sent"))
+        self.pending.clear()
+        return self.results
+
+    async def _wait(self, start: int, duration_s: float | None, requests: int | None) -> None:
+        self._stop_event = asyncio.Event()
+        if self.stopped:
+            return
+        if duration_s is not None:
+            remaining = max(0.0, duration_s - (time.perf_counter_ns() - start) / 1e9)
+            try:
+                await asyncio.wait_for(self._stop_event.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+            return
+        while len(self.results) < (requests or 0) and not self.stopped:
+            await asyncio.sleep(0.005)
+
+
+def _connect_error(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "connect timeout"
+    return f"connect error ({type(exc).__name__})"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Target":  # its name until 0.2: "target" now means what the user names on the command line
+        import warnings
+
+        warnings.warn("servescope.load.loadgen.Target is now servescope.load.loadgen.URL", DeprecationWarning, stacklevel=2)
+        return URL
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
