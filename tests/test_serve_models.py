@@ -233,7 +233,8 @@ def _example(module: str, name: str):
 )
 def test_scikit_learn_and_onnx_runtime_models_are_served_and_batched_without_torch_code(module, name, route, body, key):
     pytest.importorskip("sklearn" if module == "sklearn_model" else "onnxruntime")
-    app = servescope.serve(_example(module, name)(), max_batch_size=8, path=route[1], methods=(route[0],))
+    # (max_wait_ms: the eight requests wait for each other, however fast the worker takes the first)
+    app = servescope.serve(_example(module, name)(), max_batch_size=8, max_wait_ms=50, path=route[1], methods=(route[0],))
 
     async def go():
         await app.startup()

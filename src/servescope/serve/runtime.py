@@ -124,11 +124,13 @@ class Runtime:
 
     def adapt_threads(self, on_switch: Callable[[int, int, str], None] | None = None) -> bool:
         """From now on (after warm-up) adapt torch's CPU threads to what forwards take
-        (``serve/threads.py``), unless ``--threads`` or ``OMP_NUM_THREADS`` fixed them; True
-        when adapting."""
+        (``serve/threads.py``) for a torch model on the CPU, unless ``--threads`` or
+        ``OMP_NUM_THREADS`` fixed them; True when adapting."""
         torch = sys.modules.get("torch")
         n = self.info.get("torch_threads")
         if torch is None or self.device != "cpu" or self.info.get("threads_from") != "the CPUs available" or not n or n < 2:
+            return False
+        if not isinstance(self.model.model, torch.nn.Module):  # (ONNX Runtime, scikit-learn: torch's threads are not theirs)
             return False
         self.tuner = ThreadTuner(apply=torch.set_num_threads, start=n, choices=thread_choices(n), on_switch=on_switch)
         return True
