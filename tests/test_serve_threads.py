@@ -22,7 +22,7 @@ class Clock:
 def tuner(cost_ms: dict[int, float], start: int = 2):
     clock, applied, switched = Clock(), [], []
     t = ThreadTuner(apply=applied.append, start=start, choices=thread_choices(start), clock=clock,
-                    on_switch=lambda a, b, why: switched.append((a, b, why)))  # fmt: skip
+                    on_switch=lambda a, b, why: switched.append((a, b, why)), first_in_s=PERIOD_S)  # fmt: skip
 
     def forwards(n: int, items: int = 4) -> list[int]:
         ran = []
@@ -135,3 +135,24 @@ def test_the_runtime_moves_to_the_count_its_forwards_run_fastest_at(monkeypatch)
         assert not fixed.adapt_threads()  # --threads (or OMP_NUM_THREADS): the user's count stays
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_count_plainly_worse_is_tried_twice_not_five_times():
+    cost = {1: 2.0, 2: 30.0}  # settled at 1 after a neighbour came; two threads still 15x slower
+    t, clock, _, switched, forwards = tuner(cost, start=1)
+    t.choices = [1, 2]
+    clock.t = PERIOD_S
+    ran = forwards(2 * SAMPLES)
+    assert ran[:4] == [1, 2, 1, 2] and ran[4:] == [1] * (2 * SAMPLES - 4)  # after two slow ones, two threads are dropped
+    assert t.current == 1 and not switched and t.explorations == 1
+
+
+def test_by_default_the_first_forwards_explore_a_neighbour_there_from_the_start():
+    clock, applied = Clock(), []
+    t = ThreadTuner(apply=applied.append, start=2, choices=[2, 1], clock=clock)
+    ran = []
+    for _ in range(2 * SAMPLES):
+        k = t.next()
+        ran.append(k)
+        t.record(k, (30 if k == 2 else 3) * MS, 1)
+    assert ran[:2] == [2, 1] and t.current == 1 and clock.t == 0.0

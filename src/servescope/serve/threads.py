@@ -8,10 +8,11 @@ fastest is measured, not assumed.
     n = tuner.next()                                    # the count the next forward runs at
     tuner.record(n, forward_ns, items)                  # what it took
 
-The tuner runs settled at one count; now and then (and at once when the settled forwards
-grow 1.5x slower than at the last decision) it explores: the next forwards alternate between
+The tuner explores at its first forwards, then runs settled at one count; now and then (and
+at once when the settled forwards grow 1.5x slower than at the last decision) it explores: the next forwards alternate between
 the counts (A B A B, so a change in the machine hits both alike), and the count whose median
-time per item is lowest by a margin is kept. An exploration that keeps the count waits twice
+time per item is lowest by a margin is kept; a count plainly worse after two tries is dropped
+from the rest (each of its forwards is a slow request). An exploration that keeps the count waits twice
 as long before the next one (up to ``MAX_PERIOD_S``); a switch starts over from ``PERIOD_S``.
 The clock is injected (tests drive it by hand).
 """
@@ -37,6 +38,9 @@ PERIOD_S, MAX_PERIOD_S = 10.0, 120.0
 SAMPLES, MARGIN = 5, 0.85
 #: the settled forwards' median per item, this many times the one at the decision: explore now
 DRIFT = 1.5
+#: a count tried twice whose fastest forward is this many times slower than the current
+#: count's median is not tried again in this exploration
+HOPELESS = 2.0
 
 
 def thread_choice(requested: int | None, cpus: float) -> tuple[int, str]:
@@ -67,12 +71,13 @@ class ThreadTuner:
         choices: list[int],
         clock: Callable[[], float] = time.monotonic,
         on_switch: Callable[[int, int, str], None] | None = None,
+        first_in_s: float = 0.0,
     ) -> None:
         self._apply, self._clock, self._on_switch = apply, clock, on_switch
         self.current = start
         self.choices = choices
         self.period_s = PERIOD_S
-        self._next_at = clock() + PERIOD_S
+        self._next_at = clock() + first_in_s  # (at once by default: a neighbour may be there from the start)
         self._plan: list[int] = []  # the exploration's forwards still to run, in order
         self._seen: dict[int, list[float]] = {}
         self._settled: deque[float] = deque(maxlen=16)
@@ -100,6 +105,7 @@ class ThreadTuner:
             if self._plan and self._plan[0] == threads:
                 self._plan.pop(0)
                 self._seen.setdefault(threads, []).append(per_item)
+                self._drop_hopeless()
                 if not self._plan:
                     self._decide()
             elif not self._plan and threads == self.current:
@@ -116,6 +122,20 @@ class ThreadTuner:
         self.explorations += 1
         self._seen = {}
         self._plan = [n for _ in range(SAMPLES) for n in (self.current, *others)]
+
+    def _drop_hopeless(self) -> None:
+        """A count whose fastest forward so far is slower than ``HOPELESS`` times the current
+        count's median is dropped from the rest of the exploration: trying it on (each of its
+        forwards is a slow request) cannot change the decision."""
+        mine = self._seen.get(self.current, [])
+        if len(mine) < 2:
+            return
+        ref = statistics.median(mine)
+        hopeless = {n for n, v in self._seen.items() if n != self.current and len(v) >= 2 and min(v) > HOPELESS * ref}
+        if hopeless:
+            self._plan = [n for n in self._plan if n not in hopeless]
+            if set(self._plan) == {self.current}:  # nothing left to compare with
+                self._plan = []
 
     def _decide(self) -> None:
         medians = {n: statistics.median(v) for n, v in self._seen.items() if v}
