@@ -8,12 +8,13 @@ fastest is measured, not assumed.
     n = tuner.next()                                    # the count the next forward runs at
     tuner.record(n, forward_ns, items)                  # what it took
 
-The tuner explores at its first forwards, then runs settled at one count; now and then (and
-at once when the settled forwards grow 1.5x slower than at the last decision) it explores: the next forwards alternate between
-the counts (A B A B, so a change in the machine hits both alike), and the count whose median
-time per item is lowest by a margin is kept; a count plainly worse after two tries is dropped
-from the rest (each of its forwards is a slow request). An exploration that keeps the count waits twice
-as long before the next one (up to ``MAX_PERIOD_S``); a switch starts over from ``PERIOD_S``.
+The tuner explores at its first forwards, then runs settled at one count. Now and then (and
+at once when the settled forwards grow 1.5x slower than at the last decision) it explores
+again: the next forwards alternate between the counts (A B A B, so a change in the machine
+hits both alike), and the count whose median time per item is lowest by a margin is kept. A
+count plainly worse after two tries is dropped from the rest (each of its forwards is a slow
+request). An exploration that keeps the count waits twice as long before the next one (up to
+``MAX_PERIOD_S``); a switch starts over from ``PERIOD_S``.
 The clock is injected (tests drive it by hand).
 """
 
