@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from rich.console import Console
 
@@ -198,46 +198,55 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--openai needs prompts: --prompt TEXT, --data FILE.jsonl with one prompt a line, or --input-tokens N")
     if args.output_tokens and args.max_tokens:
         raise ConfigError("give --max-tokens or --output-tokens, not both")
-    workload = token_workload(args)  # (before the server is asked anything: a tokenizer that does not load is exit 2)
+    w = token_workload(args)  # (before the server is asked anything: a tokenizer that does not load is exit 2)
     model = args.model or first_model(args.url, headers=args.header)
     bodies, sizes = request_bodies(
-        api, model=model, max_tokens=workload.pop("max_tokens"), prompts=workload.pop("prompts"), lines=lines,
-        where=f"data file {args.data!r}", stream=args.stream, extra={"ignore_eos": True} if args.ignore_eos else None,
-        measure=workload.pop("measure"),
+        api, model=model, max_tokens=w.max_tokens, prompts=w.prompts, lines=lines, where=f"data file {args.data!r}",
+        stream=args.stream, extra={"ignore_eos": True} if args.ignore_eos else None, measure=w.measure,
     )  # fmt: skip
-    unit = workload.pop("unit")
     return {
         "bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes,
-        "size_unit": unit, "workload": workload or None,
+        "size_unit": w.unit, "workload": w.meta or None,
     }  # fmt: skip
 
 
-def token_workload(args: argparse.Namespace) -> dict[str, Any]:
-    """--input-tokens, --output-tokens, --tokenizer: the prompts (synthetic or as given), each
-    request's max_tokens, how prompts are measured and in what unit; the rest is what the
-    report's meta says of the workload."""
+class TokenWorkload(NamedTuple):
+    """What --input-tokens, --output-tokens and --tokenizer make of the requests, and ``meta``:
+    what the report says of the workload (empty when none of them was given)."""
+
+    prompts: list[str]
+    max_tokens: int | list[int]
+    measure: Callable[[str], int]
+    unit: str
+    meta: dict[str, Any]
+
+
+def token_workload(args: argparse.Namespace) -> TokenWorkload:
+    """The prompts (synthetic or as given), each request's max_tokens, how prompts are measured
+    and in what unit, and the workload's description for the report."""
     import random
 
     from ..load.workload import MAX_SYNTHETIC_PROMPTS, SYNTHETIC_PROMPTS, synthetic_prompts, token_counter
 
     seed = args.seed or 0
     counter = token_counter(args.tokenizer) if args.tokenizer or args.input_tokens else None
-    out: dict[str, Any] = {"prompts": args.prompt, "max_tokens": args.max_tokens or DEFAULT_MAX_TOKENS, "measure": len, "unit": "chars"}
-    if counter is not None:
-        out.update(measure=counter.count, unit="tokens" if counter.exact else "tokens, approximate", counted_by=counter.name)
+    prompts, max_tokens = args.prompt, args.max_tokens or DEFAULT_MAX_TOKENS
+    meta: dict[str, Any] = {"counted_by": counter.name} if counter is not None else {}
     count = min(max(SYNTHETIC_PROMPTS, args.requests or 0), MAX_SYNTHETIC_PROMPTS)
     if args.input_tokens:
-        out["prompts"], _ = synthetic_prompts(args.input_tokens, counter, count=count, seed=seed)
-        out["input_tokens"] = str(args.input_tokens)
+        prompts, _ = synthetic_prompts(args.input_tokens, counter, count=count, seed=seed)
+        meta["input_tokens"] = str(args.input_tokens)
     if args.output_tokens:
         spec = args.output_tokens
-        out["max_tokens"] = spec.a if spec.kind == "fixed" else spec.sample(random.Random(seed + 1), count)
-        out["output_tokens"] = str(args.output_tokens)
+        max_tokens = spec.a if spec.kind == "fixed" else spec.sample(random.Random(seed + 1), count)
+        meta["output_tokens"] = str(spec)
     if args.ignore_eos:
-        out["ignore_eos"] = True
+        meta["ignore_eos"] = True
     if args.input_tokens or args.output_tokens:
-        out["seed"] = seed
-    return out
+        meta["seed"] = seed
+    if counter is None:
+        return TokenWorkload(prompts, max_tokens, len, "chars", meta)
+    return TokenWorkload(prompts, max_tokens, counter.count, "tokens" if counter.exact else "tokens, approximate", meta)
 
 
 def find_max(options: object, args: argparse.Namespace, out: Console, *, on_results: object = None) -> int:

@@ -56,17 +56,17 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     if not targets and not built:
         return None
     before = torch.get_num_threads()
+    sized_thread: list[threading.Thread] = []
+
     def sized() -> None:
         torch.set_num_threads(target)
         torch.get_num_threads()  # (this thread's pool is settled now, before the default goes back)
+        sized_thread.append(threading.current_thread())
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="servescope-threads", initializer=sized)
     pool.submit(lambda: None).result()  # its thread starts now, sized to the target ...
     torch.set_num_threads(before)  # ... and the default new threads get is put back at once
     count = [0]
-
-    sized_thread: list[Any] = []
-    pool.submit(lambda: sized_thread.append(threading.current_thread())).result()
 
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
         def on_fewer_threads(*args: Any, **kwargs: Any) -> Any:
