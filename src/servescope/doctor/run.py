@@ -21,7 +21,7 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from .batchprobe import batch_probe
 from .probes import Probes
 from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
 from .sampler import StackSampler
+from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
 from .options import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
 from .send import Send, allowed_methods
@@ -58,6 +59,9 @@ UNATTRIBUTED_SHARE = 0.3
 #: The probes are blamed only when this share of probed requests failed and every one of
 #: this many unprobed requests succeeded.
 PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
+#: The share of ``experiment_seconds`` the experiments at concurrency keep, whatever the ones
+#: at one client (which run first) used.
+LATE_SHARE = 0.5
 
 
 def _kind(error: str) -> str:
@@ -97,10 +101,12 @@ class _Run:
         self.repeated: Repeated | None = None
         self.constant: frozenset[str] = frozenset()
         self.experiments: dict[str, WhatIf] = {}
+        self.lab_s = 0.0  # time spent in experiments so far
         self.data_keys: frozenset[int] = frozenset()  # loads of the request's own data (summary.data_load_keys)
 
     def _left(self) -> float:
-        return self.options.max_seconds - (time.perf_counter() - self.started)
+        """What is left of ``max_seconds`` for measuring (the experiments have their own)."""
+        return self.options.max_seconds - (time.perf_counter() - self.started - self.lab_s)
 
     def _warm_phase(self, budget_s: float) -> list[Observation]:
         """Sequential requests, each with the whole ``--timeout``: new ones start until
@@ -139,12 +145,14 @@ class _Run:
                 if not any(w.error is None for w in self.warm):
                     return  # nothing succeeded: more load would only repeat the failure
                 self._varied_request()
+                self._machine(reading)  # (for the thread experiment: what the neighbours left free)
+                self._per_request_experiments()
                 self._concurrent_phase()
                 self._machine(reading)  # (over the warm and the concurrent requests: long enough to read)
             self.probes.remove()  # the batch probe times the model alone, without the probes' hooks
             self.tick("batch probe", 0.0)
             self._batch_probe()
-            self._experiments()
+            self._experiments(AT_CONCURRENCY)
             self._repeat_cold()
         finally:
             self.probes.remove()
@@ -264,9 +272,8 @@ class _Run:
         from ..rules.savings import BUSY_CORES
 
         # (CPU pressure alone is not taken for a neighbour: it counts the doctor's own callers)
-        if m.others_cores is not None and m.others_cores >= BUSY_CORES:
-            m.busy = True
-            m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy while the doctor measured"
+        m.busy = m.others_cores is not None and m.others_cores >= BUSY_CORES
+        m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy while the doctor measured" if m.busy else ""
 
     def _repeat_cold(self) -> None:
         """A first request slow with no load to explain it is one sample: start the endpoint
@@ -289,17 +296,38 @@ class _Run:
             t.join(1.0)
         self.repeated_cold = done[0] if done else None
 
-    def _experiments(self) -> None:
-        """Try each fix the evidence calls for on the endpoint itself (doctor/experiments/),
-        without the probes, so the savings the findings name are measured ones."""
+    def _per_request_experiments(self) -> None:
+        """The fixes tried at one client, right after the sequential requests and before the
+        concurrent burst, so their blocks run in the state the warm requests measured: on a busy
+        machine a burst of concurrent calls can leave the process several times faster at one
+        client for a while, and a saving measured then would not be the endpoint's."""
+        if self.probes_at_fault is None and any(w.error is None for w in self.warm):
+            self.probes.remove()  # (the experiments time the endpoint without the probes' hooks)
+            try:
+                self._experiments(PER_REQUEST)
+            finally:
+                self.probes.install()
+
+    def _experiments(self, names: Iterable[str]) -> None:
+        """Try each fix of ``names`` the evidence calls for on the endpoint itself
+        (doctor/experiments/), without the probes, so the savings the findings name are measured
+        ones. The experiments share ``experiment_seconds``; those at concurrency keep at least
+        ``LATE_SHARE`` of it."""
         o = self.options
         if o.experiment_seconds <= 0 or self.probes_at_fault or self.verdict().diagnosed is False:
             return
         from .experiments import Lab, Seen, run_experiments
 
-        lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=o.experiment_seconds, tick=lambda phase: self.tick(phase, 0.5))
+        t0 = time.perf_counter()
+        budget = o.experiment_seconds - self.lab_s
+        if AT_CONCURRENCY.issuperset(names):
+            budget = max(budget, LATE_SHARE * o.experiment_seconds)
+        lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5))
         self.tick("trying fixes", 0.0)
-        self.experiments = run_experiments(self._evidence(), lab, Seen.from_probes(self.probes, self.constant, self.data_keys))
+        try:
+            self.experiments.update(run_experiments(self._evidence(), lab, Seen.from_probes(self.probes, self.constant, self.data_keys), frozenset(names)))
+        finally:
+            self.lab_s += time.perf_counter() - t0
 
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:

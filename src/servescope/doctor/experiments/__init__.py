@@ -29,19 +29,29 @@ EXPERIMENTS: dict[str, Experiment] = {
     "trim-padding": trim_padding,
     "inference-mode": inference_mode,
     "eval-mode": eval_mode,
-    "off-the-loop": off_the_loop,
-    "batching": batch_calls,
     "torch-threads": fewer_threads,
     "ort-threads": fewer_ort_threads,
     "blas-threads": fewer_blas_threads,
+    "off-the-loop": off_the_loop,
+    "batching": batch_calls,
 }
 
+#: The experiments whose lever is concurrency: they read the concurrent phase's evidence, so
+#: they run after it. The others run at one client right after the sequential requests, in
+#: the state those left the process in (a burst of concurrent calls can leave a process on a
+#: busy machine several times faster or slower at one client for a while).
+AT_CONCURRENCY = frozenset({"off-the-loop", "batching"})
+PER_REQUEST = frozenset(EXPERIMENTS) - AT_CONCURRENCY
 
-def run_experiments(ev: Evidence, lab: Lab, seen: Seen) -> dict[str, WhatIf]:
-    """Each experiment the evidence calls for, within the lab's budget. An experiment that
-    raises is reported as not tried with the error: the doctor's bug must not hide the cause."""
+
+def run_experiments(ev: Evidence, lab: Lab, seen: Seen, names: frozenset[str] | None = None) -> dict[str, WhatIf]:
+    """Each experiment the evidence calls for (of ``names``, default all), within the lab's
+    budget. An experiment that raises is reported as not tried with the error: the doctor's
+    bug must not hide the cause."""
     out: dict[str, WhatIf] = {}
     for name, experiment in EXPERIMENTS.items():
+        if names is not None and name not in names:
+            continue
         try:
             result = experiment(ev, lab, seen)
         except Exception as exc:  # noqa: BLE001 - reported, never our crash
@@ -51,4 +61,4 @@ def run_experiments(ev: Evidence, lab: Lab, seen: Seen) -> dict[str, WhatIf]:
     return out
 
 
-__all__ = ["Abandon", "EXPERIMENTS", "Experiment", "Fix", "Lab", "Seen", "run_experiments"]
+__all__ = ["AT_CONCURRENCY", "Abandon", "EXPERIMENTS", "Experiment", "Fix", "Lab", "PER_REQUEST", "Seen", "run_experiments"]
