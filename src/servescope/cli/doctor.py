@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -23,7 +24,15 @@ EPILOG = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app, a servescope.Model)")
-    parser.add_argument("--url", help="an endpoint already running: only the checks that work from outside")
+    parser.add_argument("--url", help="an endpoint already running: only the checks that work from outside (with --pid: the doctor's requests go there while it samples)")
+    parser.add_argument(
+        "--pid", type=positive_int, metavar="PID",
+        help="a server already running (its master process for gunicorn/uvicorn workers): sample its stacks with py-spy, "
+        "without stopping or changing it; with --url the doctor also sends its requests, else it reads the server's own traffic",
+    )  # fmt: skip
+    parser.add_argument("--duration", metavar="DURATION", type=common.duration, default=30.0, help="with --pid and no --url: how long to sample the server's own traffic (default 30s)")
+    parser.add_argument("--rate", metavar="HZ", type=positive_int, default=100, help="with --pid: samples per second (default 100)")
+    parser.add_argument("--flames", metavar="DIR", help="with --pid: write the samples as flame graphs by stage into DIR (speedscope JSON and collapsed stacks)")
     common.add_body(parser, many=False, old="--payload")
     common.add_file(parser)
     parser.add_argument("--path", default="/predict", help="the route to send to, with a query string for a GET (/search?q=cat), for apps (default /predict)")
@@ -49,8 +58,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..payload import MAX_DOCTOR_BYTES, read_json
     from ..renderers.terminal import render_terminal
 
-    if (args.target is None) == (args.url is None):
-        raise ConfigError("give a TARGET (path/to/file.py:name) or --url URL, not both")
+    if args.pid is not None and args.target is not None:
+        raise ConfigError("--pid diagnoses a running server: give it without a TARGET (the doctor runs TARGET itself)")
+    if args.pid is None and (args.target is None) == (args.url is None):
+        raise ConfigError("give a TARGET (path/to/file.py:name), --url URL or --pid PID")
+    if args.pid is None and (args.flames or args.rate != 100):
+        raise ConfigError("--flames and --rate go with --pid")
     if args.body and args.file:
         raise ConfigError("--file sends a form upload as the body: it does not go with --body")
     if args.method == "GET" and (args.body or args.file):
@@ -63,7 +76,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
     )  # fmt: skip
     options.upload()  # (an unreadable or too big file: said now, before anything runs)
     out = common.table_console(args, console)
-    if args.url:
+    if args.pid is not None:
+        from ..doctor.live import AttachError, LiveOptions, diagnose_pid
+
+        live = LiveOptions(args.pid, url=args.url, duration_s=args.duration, rate=args.rate, flames=args.flames)
+        try:
+            with out.status(f"servescope doctor --pid {args.pid}") as status:
+                report = diagnose_pid(live, payload=payload, options=options, progress=lambda phase: status.update(f"servescope doctor: {phase}"))
+        except AttachError as exc:
+            sys.stderr.write(f"servescope: {exc}\n")  # (the target was not touched)
+            return 3
+    elif args.url:
         from ..doctor import diagnose_url
 
         with out.status(f"servescope doctor --url {args.url}"):

@@ -35,6 +35,13 @@ __all__ = [
 ]
 
 
+#: The probes' counts that ``doctor --pid`` reads from stack samples instead (the loads: their
+#: frames are on the stack while they run).
+SEEN_IN_STACKS = frozenset(
+    {"torch.load", "load_state_dict", "safetensors", "torch.jit.load", "from_pretrained", "SentenceTransformer", "Module.__init__"}
+)
+
+
 class MissingEvidence(ServescopeError, LookupError):
     """A rule needs a measurement this run does not have; the message says why."""
 
@@ -304,6 +311,11 @@ class Evidence:
     def need_probes(self, *names: str) -> None:
         """Raise ``MissingEvidence`` when the probes these counts come from were not all on
         for the whole run (switched off mid-run, or dropped because they broke requests)."""
+        if self.target_kind == "pid" and not set(names) <= SEEN_IN_STACKS:
+            raise MissingEvidence(
+                "not visible in a live process's stacks (doctor --pid): what the model was called with and how "
+                "(devices, autograd, training mode, inputs) needs the doctor in the process: servescope doctor FILE:app"
+            )
         if self.probes_at_fault:
             if self.target_kind == "url":
                 raise MissingEvidence(self.probes_at_fault)

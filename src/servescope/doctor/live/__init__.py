@@ -1,0 +1,264 @@
+"""``servescope doctor --pid PID``: a running server diagnosed from outside, without touching it.
+
+py-spy samples every thread of the process and of its workers (spy.py); the stacks are replayed
+as spans (trace.py), each put in a stage by its frames (stages.py), and read for requests, the
+event loop's busy runs, loads and hot lines (requests.py). Two modes:
+
+- passive (no ``--url``): the server's own traffic, for ``--duration``;
+- active (``--url``): the doctor's sequential requests, a gap between each so the samples tell
+  them apart, then its concurrent ones, both sampled; latencies are the client's own.
+
+What the rules read comes as the same Evidence as the in-process doctor's, ``target_kind``
+"pid": the causes stacks show (loads per request, the loop blocked, slow stages with their hot
+lines) are checked; what needs the process's objects (grad, training mode, batch sizes,
+devices, thread pools) is listed as not checked, with why.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ...environment import CpuReading
+from ...exceptions import ConfigError
+from ...recorder import Recorder
+from ...report import Report
+from ...sections import Diagnosis, Verdict
+from ..evidence import Concurrent, Evidence, Forwards, LoopActivity, Machine, Warm
+from ..options import DoctorOptions
+from .flame import write_flames
+from .requests import Samples, analyse
+from .spy import RATE, AttachError, Recording, check_target, worker_pids
+from .trace import Thread, threads_of
+
+__all__ = ["AttachError", "LiveOptions", "diagnose_pid"]
+
+#: Sequential requests that last this many sample intervals are timed one by one: each is
+#: followed by a pause of ``GAP_SAMPLES`` intervals in which no thread works on a request, so
+#: the samples tell it from the next. Shorter ones run back to back until they have kept the
+#: server busy ``MIN_BUSY_S`` (about 300 samples at 100 Hz): their stages are means.
+PACED_SAMPLES, GAP_SAMPLES, MIN_BUSY_S = 8, 3, 3.0
+#: A load seen in this share of the run's tenths, taking this share of the p50, recurs on
+#: every request (its calls may be too short to count).
+RECUR_SPREAD, RECUR_SHARE = 0.8, 0.05
+#: Requests sent before sampling starts, per worker process.
+WARMUP_PER_WORKER = 2
+_NOT_SEEN = "not visible in a live process's stacks (doctor --pid)"
+
+
+class LiveOptions:
+    def __init__(self, pid: int, *, url: str | None = None, duration_s: float = 30.0, rate: int = RATE, flames: str | None = None) -> None:
+        if duration_s <= 0:
+            raise ConfigError(f"--duration must be above 0, got {duration_s:g}")
+        if not 1 <= rate <= 1000:
+            raise ConfigError(f"--rate must be 1-1000 samples a second, got {rate}")
+        self.pid, self.url, self.duration_s, self.rate, self.flames = pid, url, duration_s, rate, flames
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() if os.path.isdir("/proc") else False
+
+
+def _record(live: LiveOptions, during: Callable[[], Any]) -> tuple[list[Thread], Any, float]:
+    """Sample the process while ``during()`` runs; its result, the threads, the seconds."""
+    rec = Recording(live.pid, live.rate).start()
+    try:
+        result = during()
+    finally:
+        events = rec.stop()
+    if _gone(live.pid):
+        raise AttachError(f"process {live.pid} ended during the run: nothing to diagnose (its samples were dropped)")
+    return threads_of(events), result, rec.stopped - rec.started
+
+
+def diagnose_pid(live: LiveOptions, *, payload: Any = None, options: DoctorOptions | None = None, progress: Callable[[str], None] = lambda s: None) -> Report:
+    options = options or DoctorOptions()
+    progress(f"attaching to process {live.pid}")
+    seen = check_target(live.pid)
+    workers = worker_pids(live.pid)
+    started = time.perf_counter()
+    cpu = CpuReading()
+    if live.url:
+        from .active import concurrent_phase, sequential_phase
+
+        url = live.url
+        progress("first requests (not sampled: a worker's first request may import lazily)")
+        first = sequential_phase(url, payload, options, requests=WARMUP_PER_WORKER * max(len(workers), 1), budget_s=options.timeout_s)
+        interval_ms = 1000 / live.rate
+        # requests long enough to time one by one are sent apart; shorter ones back to back, until
+        # the samples are enough for their stages' means
+        paced = bool(first.latencies) and min(first.latencies) >= PACED_SAMPLES * interval_ms  # (the quickest: a worker's first may import)
+        pace, busy = (GAP_SAMPLES * interval_ms / 1000, 0.0) if paced else (0.0, MIN_BUSY_S)
+        progress("sequential requests, sampled")
+        seq_threads, seq, _ = _record(live, lambda: sequential_phase(url, payload, options, requests=options.requests, pace_s=pace, busy_s=busy))
+        seq.paced = paced
+        progress("concurrent requests, sampled")
+        conc_threads, conc, _ = _record(live, lambda: concurrent_phase(live.url, payload, options))
+    else:
+        progress(f"sampling the server's own traffic for {live.duration_s:g} s")
+        seq_threads, _, _ = _record(live, lambda: _wait(live))
+        seq = conc = None
+        conc_threads = []
+    machine = Machine(cpus_available=_cpus_of(live.pid))
+    machine.cores_idle, machine.others_cores, machine.cpu_pressure = cpu.since()
+    samples = analyse(seq_threads)
+    conc_samples = analyse(conc_threads) if conc_threads else samples
+    report = _report(live, samples, seq, options)
+    report.meta["live"] = {
+        "pid": live.pid, "workers": workers, "threads_at_attach": seen["threads"], "rate_hz": live.rate,
+        "mode": "active" if live.url else "passive", "seconds_sampled": samples.seconds + (conc_samples.seconds if conc_threads else 0.0),
+        "requests_told_apart": len(samples.requests), "timed_one_by_one": bool(seq is not None and seq.paced),
+        "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread,
+    }  # fmt: skip
+    if report.diagnosis is not None and report.meta.get("diagnosed", True):
+        ev = _evidence(live, samples, conc_samples, seq, conc, options, machine, time.perf_counter() - started)
+        report.diagnosis.evidence = ev.to_dict()
+        from ...rules import diagnose_report
+
+        report.findings = diagnose_report(report)
+    if live.flames:
+        report.meta["live"]["flames"] = write_flames(seq_threads + conc_threads, live.flames)
+    return report
+
+
+def _wait(live: LiveOptions) -> None:
+    end = time.perf_counter() + live.duration_s
+    while time.perf_counter() < end:
+        if _gone(live.pid):
+            return
+        time.sleep(min(0.2, max(end - time.perf_counter(), 0.0)))
+
+
+def _cpus_of(pid: int) -> float | None:
+    try:
+        return float(len(os.sched_getaffinity(pid)))
+    except (AttributeError, OSError):
+        return None
+
+
+def _stage_stats(samples: Samples, n: int, latency_mean: float, per_request: list[dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """Each stage's mean per request (its sampled time over ``n`` requests) and share of the
+    mean latency; percentiles only from requests timed one by one (``per_request``)."""
+    totals: dict[str, float] = {}
+    for r in samples.requests:  # (the user's code split into pre- and postprocessing)
+        for k, v in r.items():
+            totals[k] = totals.get(k, 0.0) + v
+    out: dict[str, dict[str, Any]] = {}
+    for stage, total in sorted(totals.items(), key=lambda kv: -kv[1]):
+        mean = total / n
+        row: dict[str, Any] = {"count": n, "mean_ms": round(mean, 4)}
+        values = [r.get(stage, 0.0) for r in per_request]
+        for q in (50, 90, 95, 99):
+            row[f"p{q}_ms"] = round(float(np.percentile(values, q)), 4) if values else None
+        row["max_ms"] = round(max(values), 4) if values else None
+        row["share"] = round(mean / latency_mean, 4) if latency_mean > 0 else None
+        out[stage] = row
+    rest = latency_mean - sum(r["mean_ms"] for r in out.values())
+    if latency_mean > 0 and rest > 0:
+        out["outside the samples"] = {"count": n, "mean_ms": round(rest, 4), "p50_ms": None, "p90_ms": None, "p95_ms": None,
+                                      "p99_ms": None, "max_ms": None, "share": round(rest / latency_mean, 4)}  # fmt: skip
+    return out
+
+
+def _report(live: LiveOptions, samples: Samples, seq: Any, options: DoctorOptions) -> Report:
+    """The breakdown: each stage's sampled time per request, over the requests the client timed
+    (active) or the ones the samples told apart (passive)."""
+    rec = Recorder()
+    if seq is not None:
+        latencies = list(seq.latencies)
+        timed = [stages for stages, _ in seq.match(samples)] if seq.paced else []
+        timed = timed if len(timed) >= 0.8 * len(latencies) else []
+    else:
+        latencies = [(t1 - t0) / 1000 for t0, t1 in samples.bounds]
+        timed = []
+    for latency in latencies:
+        rec.record_durations({}, latency)
+    title = f"servescope doctor --pid {live.pid}" + (f" --url {live.url}" if live.url else "")
+    report = rec.report(title=title, tool="servescope doctor", target=f"pid {live.pid}", diagnosed=True)
+    report.latency.pop("first_ms", None)  # (the server was warm before the doctor came)
+    report.stages = _stage_stats(samples, max(len(latencies), 1), float(np.mean(latencies)) if latencies else 0.0, timed)
+    verdict = Verdict(failures=seq.errors_by_kind() if seq is not None else {})
+    report.diagnosis = Diagnosis(verdict=verdict, endpoint_errors=sorted(set(seq.errors))[:5] if seq is not None else [])
+    if seq is not None:
+        sent = len(seq.latencies) + len(seq.errors)
+        if len(seq.latencies) < max(3, 0.5 * sent):
+            verdict.diagnosed = False
+            verdict.reason = f"{sent - len(seq.latencies)} of {sent} requests failed; the first: {seq.errors[0] if seq.errors else 'no answer'}"
+    elif not samples.requests:
+        verdict.diagnosed = False
+        verdict.reason = f"no request was seen in {samples.seconds:g} s of samples: send traffic while the doctor samples, or give --url"
+    if not verdict.diagnosed:
+        report.meta["diagnosed"] = False
+    return report
+
+
+def _loads_per_request(s: Samples, n: int, latencies: list[float]) -> float:
+    """Loads counted (a run of load samples is one), or at least one per request when loads
+    shorter than a sample interval recur all through the run and take a share of each request."""
+    counted = s.calls.get("load", 0) / n
+    per_request_ms = s.stage_ms.get("load", 0.0) / n
+    if latencies and s.load_spread >= RECUR_SPREAD and per_request_ms >= RECUR_SHARE * float(np.median(latencies)):
+        counted = max(counted, 1.0)
+    return round(counted, 3)
+
+
+def _evidence(live: LiveOptions, s: Samples, c: Samples, seq: Any, conc: Any, options: DoctorOptions, machine: Machine, seconds: float) -> Evidence:
+    n = len(seq.latencies) if seq is not None else len(s.requests)
+    n = max(n, 1)
+    lat = seq.latencies if seq is not None else [(t1 - t0) / 1000 for t0, t1 in s.bounds]
+    warm = Warm(
+        requests=n,
+        errors=len(seq.errors) if seq is not None else 0,
+        p50_ms=round(float(np.percentile(lat, 50)), 3) if lat else None,
+        p90_ms=round(float(np.percentile(lat, 90)), 3) if lat else None,
+        max_ms=round(max(lat), 3) if lat else None,
+        loads_per_request=_loads_per_request(s, n, lat),
+        load_ms_per_request=round(s.stage_ms.get("load", 0.0) / n, 3),
+        load_calls=s.load_calls,
+        forwards=Forwards(count=s.calls.get("infer", 0), per_request=round(s.calls.get("infer", 0) / n, 3), on_event_loop=s.loop_infer_calls),
+    )
+    loop = None
+    if c.loop_ms > 0:
+        loop = LoopActivity(
+            samples=int(c.loop_ms),  # (ms of the loop's thread sampled)
+            busy_samples=int(c.loop_busy_ms),
+            busy_share=round(c.loop_busy_ms / c.loop_ms, 3),
+            longest_busy_ms=c.loop_longest_ms,
+            hot_spot=c.loop_hot_spot,
+        )
+    concurrent = Concurrent(
+        concurrency=options.concurrency if conc is not None else 0,
+        requests=conc.requests if conc is not None else n,
+        errors=conc.errors if conc is not None else 0,
+        throughput_rps=conc.rps if conc is not None else None,
+        sequential_rps=seq.rps if seq is not None else None,
+        p50_ms=conc.p50_ms if conc is not None else None,
+        # (a sampled call: the loop ran the model; counted as the in-process doctor counts forwards there)
+        forwards=Forwards(count=c.calls.get("infer", 0), on_event_loop=c.loop_infer_calls),
+        loop=loop,
+        # a busy run on the loop is how late every other task on it woke (the lag it caused)
+        loop_lag_max_ms=c.loop_longest_ms if loop is not None else None,
+    )
+    missing = {
+        "cold": "the server was already running: its first request came before the doctor attached "
+        "(run `servescope doctor FILE:app` to see a cold start)",
+        "batch_probe": "the model cannot be called from outside the process (doctor --pid)",
+        "repeated": "the model's inputs are " + _NOT_SEEN,
+        "environment": "the process's devices, thread pools (torch, ONNX Runtime, BLAS) and GIL waits are " + _NOT_SEEN,
+        "concurrent.cpu": "waits for the GIL are " + _NOT_SEEN,
+    }
+    return Evidence(
+        target_kind="pid",
+        warm=warm,
+        concurrent=concurrent,
+        hot_spots=s.hot_spots,
+        hot_spots_in_user_code=s.hot_in_user_code,
+        seconds=round(seconds, 2),
+        missing=missing,
+        machine=machine,
+        scaling=round(conc.rps / seq.rps, 2) if conc is not None and seq is not None and conc.rps and seq.rps else None,
+    )

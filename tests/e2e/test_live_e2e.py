@@ -1,0 +1,125 @@
+"""doctor --pid on real servers started here (uvicorn, gunicorn with two workers, Flask), sampled
+by py-spy from outside while a bench load or the doctor's own requests run; each server has one
+cause a stack shows. The in-process doctor on the same app names the same cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from servescope.cli import main
+from servescope.doctor import DoctorOptions, diagnose
+from servescope.doctor.live import LiveOptions, diagnose_pid
+from servescope.doctor.live.spy import worker_pids
+from servescope.load.bench import BenchOptions, run_bench
+
+from .conftest import TESTS, free_port, stop, wait_ready
+
+pytestmark = pytest.mark.e2e
+ENDPOINTS = TESTS / "e2e" / "endpoints"
+BODY = {"x": [0.1] * 256}
+OPTIONS = DoctorOptions(requests=12, concurrency=4, concurrent_requests=24, timeout_s=20.0)
+
+
+def serve(app: str, *, gunicorn_workers: int = 0) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    if gunicorn_workers:
+        cmd = [sys.executable, "-m", "gunicorn", "-w", str(gunicorn_workers), "-b", f"127.0.0.1:{port}", "--log-level", "warning", app]
+    else:
+        cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    env = {**os.environ, "PYTHONPATH": str(ENDPOINTS), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ENDPOINTS, env=env, stderr=subprocess.DEVNULL)
+    wait_ready(port, proc, timeout=60.0)
+    deadline = time.monotonic() + 60
+    while len(worker_pids(proc.pid)) < gunicorn_workers and time.monotonic() < deadline:
+        time.sleep(0.1)  # (gunicorn listens before it forks its workers)
+    return proc, f"http://127.0.0.1:{port}/predict"
+
+
+def under_load(url: str, seconds: float) -> threading.Thread:
+    """bench at c=4 in the background: the server's own traffic for a passive run."""
+    opts = BenchOptions(url=url, method="POST", bodies=[json.dumps(BODY).encode()], content_type="application/json",
+                        concurrency=[4], duration_s=seconds, warmup_s=0.0, timeout_s=30.0)  # fmt: skip
+    t = threading.Thread(target=run_bench, args=(opts,), daemon=True)
+    t.start()
+    time.sleep(0.5)
+    return t
+
+
+def ids(report) -> set[str]:
+    return {f.id for f in report.findings}
+
+
+def test_a_forward_on_the_event_loop_is_named_from_the_stacks_alone_under_load():
+    proc, url = serve("live_apps:on_loop")
+    try:
+        load = under_load(url, 12.0)
+        rep = diagnose_pid(LiveOptions(proc.pid, duration_s=6.0))
+        load.join(30)
+    finally:
+        stop(proc)
+    assert "event-loop-blocked" in ids(rep), rep.diagnosis.not_checked
+    ev = rep.diagnosis.evidence
+    assert ev["concurrent"]["loop"]["busy_share"] >= 0.5 and ev["concurrent"]["forwards"]["on_event_loop"] >= 5
+    assert rep.stages["infer"]["share"] >= 0.5  # the model's time, from the samples
+    assert "training-mode" in rep.diagnosis.not_checked and "doctor --pid" in rep.diagnosis.not_checked["grad-enabled"]
+    # the in-process doctor on the same app names the same cause
+    sys.path.insert(0, str(ENDPOINTS))
+    import live_apps
+
+    inproc = diagnose(live_apps.on_loop, payload=BODY, options=DoctorOptions(requests=10, concurrency=4, experiment_seconds=0))
+    assert "event-loop-blocked" in ids(inproc)
+
+
+def test_a_load_per_request_is_found_in_gunicorns_workers_from_the_master_pid():
+    proc, url = serve("live_apps:loads", gunicorn_workers=2)
+    try:
+        rep = diagnose_pid(LiveOptions(proc.pid, url=url), payload=BODY, options=OPTIONS)
+    finally:
+        stop(proc)
+    assert rep.meta["live"]["mode"] == "active" and len(rep.meta["live"]["workers"]) == 2
+    [f] = [f for f in rep.findings if f.id == "model-load-per-request"]
+    assert f.evidence["loads_per_request"] >= 0.8 and "torch.load" in f.evidence["load_calls"]
+    assert rep.latency["count"] >= 10 and rep.meta["live"]["requests_told_apart"] >= 8
+    assert rep.stages["load"]["share"] >= 0.1
+
+
+def test_slow_serialization_in_flask_is_named_with_its_hot_line(tmp_path):
+    proc, url = serve("live_apps:slow_json", gunicorn_workers=1)
+    try:
+        body = tmp_path / "body.json"
+        body.write_text(json.dumps({"k": 20000}))
+        out = tmp_path / "rep.json"
+        flames = tmp_path / "flames"
+        code = main(["doctor", "--pid", str(proc.pid), "--url", url, "--body", str(body), "-n", "10", "-c", "2",
+                     "--json", str(out), "--flames", str(flames)])  # fmt: skip
+    finally:
+        stop(proc)
+    assert code == 0
+    rep = json.loads(out.read_text())
+    found = {f["id"]: f for f in rep["findings"]}
+    assert "slow-serialization" in found, rep["diagnosis"]["not_checked"]
+    hot = found["slow-serialization"]["evidence"]["hot_spot"]
+    assert "live_apps.py:" in hot and hot.endswith("predict_rows")  # the view's own line
+    assert (flames / "flame.speedscope.json").exists() and "serialize;" in (flames / "flame.collapsed.txt").read_text()
+
+
+def test_a_process_that_is_not_python_or_not_there_is_refused_in_one_line(capsys):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert main(["doctor", "--pid", str(sleeper.pid), "--duration", "1s"]) == 3
+        err = capsys.readouterr().err.strip()
+        assert "does not look like a Python process" in err and len(err.splitlines()) == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sleeper.returncode is not None
+    gone = sleeper.pid
+    assert main(["doctor", "--pid", str(gone), "--duration", "1s"]) == 3
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""doctor --pid without a process: py-spy's trace events replayed, stacks put in stages, requests
+told apart and the event loop's busy runs timed, on events written by hand (times known)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servescope.doctor.evidence import Evidence, MissingEvidence
+from servescope.doctor.live.active import Sequential
+from servescope.doctor.live.flame import OUTSIDE, stacks_by_stage
+from servescope.doctor.live.requests import analyse
+from servescope.doctor.live.stages import in_request, package, stage_of
+from servescope.doctor.live.trace import Frame, threads_of
+
+SITE = "/venv/lib/python3.11/site-packages"
+STD = "/usr/lib/python3.11"
+APP = "/srv/app.py"
+
+LOOP = [("Runner.run", f"{STD}/asyncio/runners.py", 118), ("BaseEventLoop.run_forever", f"{STD}/asyncio/base_events.py", 608)]
+IDLE = LOOP + [("BaseEventLoop._run_once", f"{STD}/asyncio/base_events.py", 1884), ("EpollSelector.select", f"{STD}/selectors.py", 468)]
+REQ = LOOP + [
+    ("RequestResponseCycle.run_asgi", f"{SITE}/uvicorn/protocols/http/httptools_impl.py", 420),
+    ("request_response.<locals>.app", f"{SITE}/starlette/routing.py", 75),
+    ("run_endpoint_function", f"{SITE}/fastapi/routing.py", 381),
+]
+HANDLER = ("predict", APP, 20)
+FORWARD = [("Module._wrapped_call_impl", f"{SITE}/torch/nn/modules/module.py", 1778), ("Linear.forward", f"{SITE}/torch/nn/modules/linear.py", 134)]
+LOAD = [("load", f"{SITE}/torch/serialization.py", 1400)]
+ENCODE = [("serialize_response", f"{SITE}/fastapi/routing.py", 200), ("jsonable_encoder", f"{SITE}/fastapi/encoders.py", 300)]
+
+
+def frames(stack) -> tuple[Frame, ...]:
+    return tuple(Frame(*f) for f in stack)
+
+
+def events(timeline, tid=1, pid=7, name="MainThread"):
+    """Chrome trace events as py-spy writes them: (time in ms, stack) each time the stack changes."""
+    out, prev = [{"ph": "B", "name": f"thread ({tid}): {name}", "pid": pid, "tid": tid, "ts": 0, "args": {"filename": "", "line": 0}}], []
+    for ms, stack in timeline:
+        ts = int(ms * 1000)
+        common = 0
+        while common < min(len(prev), len(stack)) and prev[common] == stack[common]:
+            common += 1
+        for f in reversed(prev[common:]):
+            out.append({"ph": "E", "name": f[0], "pid": pid, "tid": tid, "ts": ts, "args": {"filename": f[1], "line": f[2]}})
+        for f in stack[common:]:
+            out.append({"ph": "B", "name": f[0], "pid": pid, "tid": tid, "ts": ts, "args": {"filename": f[1], "line": f[2]}})
+        prev = stack
+    return out
+
+
+def test_the_events_replay_as_spans_of_one_stack_each_with_the_threads_name():
+    [th] = threads_of(events([(0, IDLE), (10, REQ + [HANDLER] + FORWARD), (40, IDLE), (50, [])]))
+    assert th.name == "MainThread" and th.pid == 7
+    assert [(s.t0_us, s.t1_us) for s in th.spans] == [(0, 10_000), (10_000, 40_000), (40_000, 50_000)]
+    assert th.spans[1].frames[-1].name == "Linear.forward" and len(th.spans[1].frames) == len(REQ) + 1 + len(FORWARD)
+
+
+@pytest.mark.parametrize(
+    "stack, stage",
+    [
+        (REQ + [HANDLER] + FORWARD, "infer"),
+        (REQ + [HANDLER] + LOAD, "load"),
+        (REQ + [HANDLER, ("Module.load_state_dict", f"{SITE}/torch/nn/modules/module.py", 2600)], "load"),
+        (REQ + [HANDLER, ("PreTrainedModel.from_pretrained", f"{SITE}/transformers/modeling_utils.py", 10)] + FORWARD, "load"),
+        (REQ + [HANDLER, ("SentenceTransformer.encode", f"{SITE}/sentence_transformers/SentenceTransformer.py", 9)] + FORWARD, "infer"),
+        (REQ + [HANDLER, ("PreTrainedTokenizerBase.__call__", f"{SITE}/transformers/tokenization_utils_base.py", 5)], "preprocess"),
+        (REQ + ENCODE, "serialize"),
+        (REQ + [("solve_dependencies", f"{SITE}/fastapi/dependencies/utils.py", 600)], "validate"),
+        (REQ + [HANDLER, ("InferenceSession.run", f"{SITE}/onnxruntime/capi/onnxruntime_inference_collection.py", 260)], "infer"),
+        (REQ + [HANDLER, ("ForestClassifier.predict_proba", f"{SITE}/sklearn/ensemble/_forest.py", 900)], "infer"),
+        (REQ + [HANDLER, ("helper", APP, 30)], "other"),
+    ],
+)
+def test_a_stack_in_a_request_is_in_the_stage_its_outermost_known_frame_names(stack, stage):
+    assert in_request(frames(stack)) and stage_of(frames(stack)) == stage
+
+
+def test_a_waiting_server_is_in_no_request_and_the_users_module_above_the_server_is_not_a_handler():
+    assert not in_request(frames(IDLE))
+    script = [("<module>", APP, 40), ("run", f"{SITE}/uvicorn/main.py", 500)] + IDLE[1:]
+    assert not in_request(frames(script))
+    pool_idle = [("Thread._bootstrap", f"{STD}/threading.py", 1002), ("WorkerThread.run", f"{SITE}/anyio/_backends/_asyncio.py", 900),
+                 ("Queue.get", f"{STD}/queue.py", 171), ("Condition.wait", f"{STD}/threading.py", 327)]  # fmt: skip
+    assert not in_request(frames(pool_idle))
+    assert in_request(frames(pool_idle[:2] + [("run", f"{STD}/contextvars.py", 1), HANDLER] + FORWARD))
+
+
+def test_calls_into_c_are_named_by_the_users_own_line(tmp_path):
+    app = tmp_path / "svc.py"
+    app.write_text("import pickle\ndef predict(p):\n    model = pickle.load(open('m.pkl', 'rb'))\n    x = batch.cuda()\n    return y.cpu().tolist()\n")
+    at = lambda line: frames(REQ + [("predict", str(app), line)])  # noqa: E731
+    assert [stage_of(at(n)) for n in (3, 4, 5)] == ["load", "to_device", "to_host"]
+
+
+def test_packages_are_read_from_site_packages_before_the_standard_library():
+    assert package(f"{SITE}/torch/serialization.py") == "torch"
+    assert package(f"{STD}/json/encoder.py") == "json" and package(APP) == ""
+
+
+def test_requests_are_told_apart_by_idle_gaps_and_the_users_code_split_around_the_model():
+    body = [(0, IDLE)]
+    for i in range(3):  # each request: 10 ms parse in the handler, 30 ms model, 10 ms to text; 50 ms idle
+        t = 10 + i * 100
+        body += [(t, REQ + [("predict", APP, 14)]), (t + 10, REQ + [HANDLER] + FORWARD), (t + 40, REQ + [("predict", APP, 22)]), (t + 50, IDLE)]
+    body.append((310, []))
+    s = analyse(threads_of(events(body)))
+    assert s.requests == [{"preprocess": 10.0, "infer": 30.0, "postprocess": 10.0}] * 3
+    assert s.calls == {"infer": 3} and s.stage_ms == {"other": 60.0, "infer": 90.0}
+    # on the loop: 150 of 310 ms busy, the longest run 50 ms, three forwards there
+    assert s.loop_busy_ms == 150.0 and s.loop_ms == 310.0 and s.loop_longest_ms == 50.0 and s.loop_infer_calls == 3
+    assert s.hot_spots["infer"] == f"{APP}:20 predict" and s.hot_in_user_code["infer"]
+
+
+def test_a_load_on_every_request_is_counted_once_each_with_its_call_named():
+    body = []
+    for i in range(4):
+        t = i * 100
+        body += [(t, REQ + [HANDLER] + LOAD), (t + 20, REQ + [("predict", APP, 16), ("Module.load_state_dict", f"{SITE}/torch/nn/modules/module.py", 2600)]),
+                 (t + 30, REQ + [HANDLER] + FORWARD), (t + 60, IDLE)]  # fmt: skip
+    body.append((400, []))
+    s = analyse(threads_of(events(body)))
+    assert s.calls["load"] == 4 and s.stage_ms["load"] == 120.0 and s.load_calls == ["torch.load"]
+    assert len(s.requests) == 4
+
+
+def test_work_on_a_worker_thread_leaves_the_loop_idle():
+    worker = [("Thread._bootstrap", f"{STD}/threading.py", 1002), ("WorkerThread.run", f"{SITE}/anyio/_backends/_asyncio.py", 900), ("run", f"{STD}/contextvars.py", 1)]
+    ev = events([(0, IDLE), (100, [])]) + events([(0, worker + [HANDLER] + FORWARD), (80, worker + [("Condition.wait", f"{STD}/threading.py", 327)]), (100, [])], tid=2, name="AnyIO worker thread")
+    s = analyse(threads_of(ev))
+    assert s.loop_busy_ms == 0.0 and s.loop_infer_calls == 0 and s.calls == {"infer": 1} and s.stage_ms == {"infer": 80.0}
+
+
+def test_flames_group_every_stack_by_its_stage_in_microseconds():
+    stacks = stacks_by_stage(threads_of(events([(0, IDLE), (10, REQ + [HANDLER] + FORWARD), (40, IDLE), (50, [])])))
+    by_stage = {}
+    for key, us in stacks.items():
+        by_stage[key[0]] = by_stage.get(key[0], 0) + us
+    assert by_stage == {OUTSIDE: 20_000, "infer": 30_000}
+
+
+def test_the_clients_requests_line_up_with_the_sampled_ones_by_their_start():
+    seq = Sequential(latencies=[20.0, 21.0, 22.0], windows=[(100.0, 100.02), (100.1, 100.121), (100.2, 100.222)])
+    samples = analyse([])
+    samples.requests, samples.bounds = [{"infer": 15.0}, {"infer": 16.0}], [(5_000, 20_000), (205_000, 221_000)]  # the second was missed
+    assert seq.match(samples) == [({"infer": 15.0}, 20.0), ({"infer": 16.0}, 22.0)]
+
+
+def test_what_stacks_cannot_show_is_not_checked_from_a_pid():
+    ev = Evidence(target_kind="pid")
+    ev.need_probes("torch.load", "from_pretrained")  # loads: on the stack while they run
+    with pytest.raises(MissingEvidence, match="doctor --pid"):
+        ev.need_probes("torch module hooks")
