@@ -151,3 +151,23 @@ def test_what_stacks_cannot_show_is_not_checked_from_a_pid():
     ev.need_probes("torch.load", "from_pretrained")  # loads: on the stack while they run
     with pytest.raises(MissingEvidence, match="doctor --pid"):
         ev.need_probes("torch module hooks")
+
+
+def test_a_load_on_requests_that_could_not_be_told_apart_is_sized_by_its_share_not_in_ms():
+    from servescope.doctor.evidence import Warm
+    from servescope.rules import causes
+
+    ev = Evidence(target_kind="pid", warm=Warm(loads_per_request=1.0, load_ms_per_request=None, load_calls=["AutoTokenizer.from_pretrained"]))
+    ev.stages = {"load": {"share": 0.55, "mean_ms": None, "p95_ms": None}}
+    [f] = causes.model_load_per_request(ev)
+    assert f.severity == "critical" and f.saving_ms is None and "55%" in f.detail and "--url" in f.detail
+    assert "TOKENIZER = AutoTokenizer.from_pretrained(PATH)" in f.fix
+
+
+def test_the_html_report_shows_each_stages_most_sampled_lines():
+    from servescope.renderers.html import render_html
+    from servescope.report import Report
+
+    rep = Report(latency={}, stages={}, meta={"title": "servescope doctor --pid 1", "live": {"top_lines": {"load": [("/srv/app.py:15 predict", 812.5)]}}})
+    page = render_html(rep)
+    assert "Where the samples were, by stage" in page and "/srv/app.py:15 predict" in page and "812" in page

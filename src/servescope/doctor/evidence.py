@@ -112,7 +112,7 @@ class Warm:
     chunk_gap_p50_ms: float | None = None
     chunk_gap_p95_ms: float | None = None
     loads_per_request: float = 0.0
-    load_ms_per_request: float = 0.0
+    load_ms_per_request: float | None = 0.0  # None: doctor --pid could not tell the requests apart (shares only)
     load_calls: list[str] = field(default_factory=list)
     #: loader calls that read the request's own data (a tensor sent in the body, torch.load-ed),
     #: told apart by the varied request: not model loads, and not counted above

@@ -284,6 +284,22 @@ def _cluster(rep: Report) -> str:
     return "".join(out)
 
 
+def _live_lines(rep: Report) -> str:
+    """doctor --pid: each stage's most sampled lines, as bars of their sampled ms (the flame
+    graphs themselves: --flames DIR)."""
+    live = rep.meta.get("live")
+    top = live.get("top_lines") if isinstance(live, dict) else None
+    if not top:
+        return ""
+    most = max((ms for lines in top.values() for _, ms in lines), default=0.0) or 1.0
+    rows = ["<h2>Where the samples were, by stage</h2><table><tr><th>stage</th><th>line</th><th>sampled ms</th><th></th></tr>"]
+    for stage, lines in top.items():
+        for where, ms in lines:
+            bar = f"<div style='background:#4a90d9;height:10px;width:{max(1, round(200 * ms / most))}px'></div>"
+            rows.append(f"<tr><td>{html.escape(stage)}</td><td><code>{html.escape(str(where))}</code></td><td>{_f(ms, 1)}</td><td>{bar}</td></tr>")
+    return "".join(rows) + "</table>"
+
+
 def _findings(rep: Report) -> str:
     out = []
     for f in rep.findings_by_severity():
@@ -359,6 +375,7 @@ def _page(report: Report, sweep: list[dict[str, Any]] | None) -> str:
         _distribution(report),
         _sweep(sweep or []),
         _cluster(report),
+        _live_lines(report),
         _findings(report),
         f"<p class=muted>{html.escape(report.created)} · Python {html.escape(str(env.get('python', '?')))}"
         f" · {html.escape(str(env.get('cpus_available', '?')))} CPUs · servescope {html.escape(str(env.get('servescope', '')))}</p>",

@@ -107,13 +107,27 @@ def _ms(x: Any) -> str:
     return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
 
 
+def _live_line(live: dict) -> str:
+    workers = live.get("workers") or []
+    who = f"process {live.get('pid')}" + (f" and its {len(workers)} worker process(es)" if workers else "")
+    how = "the doctor's own requests" if live.get("mode") == "active" else "the server's own traffic"
+    told = f"; {live.get('requests_told_apart', 0)} requests told apart in the samples" if live.get("mode") != "active" else ""
+    return f"Sampled {who} from outside (py-spy, {live.get('rate_hz')} Hz) for {live.get('seconds_sampled', 0):.1f} s during {how}{told}."
+
+
 def _headline(report: Report) -> list[Text]:
     lat = report.latency
     lines = []
     title = report.meta.get("title")
     if title:
         lines.append(Text(str(title), style="bold"))
-    if not lat.get("count"):
+    live = report.meta.get("live")
+    if isinstance(live, dict):  # doctor --pid: what was sampled, and how
+        lines.append(Text(_live_line(live)))
+    if not lat.get("count") and isinstance(live, dict) and live.get("per_request") is False:
+        lines.append(Text("The server's requests came back to back: the samples cannot tell one from the next, so the stages are "
+                          "shares of its time in requests, not ms per request (give --url for those).", style="yellow"))  # fmt: skip
+    elif not lat.get("count"):
         lines.append(Text("No successful requests were measured.", style="bold red"))
     else:
         t = Text()

@@ -71,29 +71,40 @@ def model_load_per_request(ev: Evidence) -> list[Finding]:
     loads, built = warm.loads_per_request, warm.constructed_per_request
     if loads < 0.5 and not (built >= 1 and warm.params_built_per_request > 0):
         return []  # (modules without weights, nn.Softmax() per request, are not a model)
-    timed = warm.load_ms_per_request + warm.construct_ms_per_request
     what = ", ".join(warm.load_calls) or "nn.Module construction"
-    saving = measured_or_estimated(
-        ev, "memoise-loaders", estimate_ms=round(timed, 3),
-        estimated_from="the load calls' and the construction's own time (a fresh model's slower first forward is not in it)",
-    )  # fmt: skip
+    if warm.load_ms_per_request is None:
+        # doctor --pid on a server whose requests the samples could not tell apart: the load's
+        # share of the server's time in requests is known, its ms per request are not
+        share = (ev.stages.get("load") or {}).get("share") or 0.0
+        sev, saving_ms, fields, timed = severity(share, 1.0), None, {}, None
+        detail = (
+            f"Sampled: loads took {share:.0%} of the server's time in requests, all through the run. Its requests came back "
+            "to back, so the samples cannot tell one from the next: give --url for the ms per request."
+        )
+    else:
+        timed = round(warm.load_ms_per_request + warm.construct_ms_per_request, 3)
+        saving = measured_or_estimated(
+            ev, "memoise-loaders", estimate_ms=timed,
+            estimated_from="the load calls' and the construction's own time (a fresh model's slower first forward is not in it)",
+        )  # fmt: skip
+        sev, saving_ms, fields, detail = saving.severity(), saving.ms, saving.fields(), saving.detail
     return [
         Finding(
             "model-load-per-request",
-            saving.severity(),
+            sev,
             "The model is loaded again on every request",
             {
                 "loads_per_request": loads,
                 "modules_built_per_request": built,
                 "weights_built_per_request": int(warm.params_built_per_request),
                 "load_calls": what,
-                "load_ms_per_request": round(timed, 3),
+                "load_ms_per_request": timed,
                 "p50_ms": ev.p50_ms,
             },
             fix=load_once_fix(warm.load_calls),
-            saving_ms=saving.ms,
-            detail=saving.detail,
-            **saving.fields(),
+            saving_ms=saving_ms,
+            detail=detail,
+            **fields,
         )
     ]
 
@@ -345,9 +356,9 @@ def slow_stages(ev: Evidence) -> list[Finding]:
         s = ev.stages.get(name)
         if not s or s.get("share") is None:
             continue
-        share, mean = s["share"], s["mean_ms"]
-        if share < 0.25 or mean < 1.0:
-            continue
+        share, mean = s["share"], s.get("mean_ms")
+        if share < 0.25 or (mean is not None and mean < 1.0):
+            continue  # (no mean: doctor --pid on requests it could not tell apart; the share is known)
         evidence = {"mean_ms": mean, "p95_ms": s["p95_ms"], "share": share}
         if ev.hot_spots.get(name):
             evidence["hot_spot"] = ev.hot_spots[name]
@@ -360,7 +371,7 @@ def slow_stages(ev: Evidence) -> list[Finding]:
                 fix=fix_for_hot_spot(name, ev.hot_spots[name], ev.hot_spots_in_user_code.get(name, False))
                 if ev.hot_spots.get(name)
                 else _STAGE_FIX[name],
-                saving_ms=round(mean * 0.8, 3),
+                saving_ms=round(mean * 0.8, 3) if mean is not None else None,
             )
         )
     return out

@@ -45,6 +45,9 @@ PACED_SAMPLES, GAP_SAMPLES, MIN_BUSY_S = 8, 3, 3.0
 #: A load seen in this share of the run's tenths, taking this share of the p50, recurs on
 #: every request (its calls may be too short to count).
 RECUR_SPREAD, RECUR_SHARE = 0.8, 0.05
+#: Passive sampling tells requests apart when the server was idle between them: at most this
+#: share of the run busy, and at least ``MIN_TOLD_APART`` requests seen.
+PASSIVE_BUSY_MAX, MIN_TOLD_APART = 0.6, 3
 #: Requests sent before sampling starts, per worker process.
 WARMUP_PER_WORKER = 2
 _NOT_SEEN = "not visible in a live process's stacks (doctor --pid)"
@@ -112,7 +115,8 @@ def diagnose_pid(live: LiveOptions, *, payload: Any = None, options: DoctorOptio
         "pid": live.pid, "workers": workers, "threads_at_attach": seen["threads"], "rate_hz": live.rate,
         "mode": "active" if live.url else "passive", "seconds_sampled": samples.seconds + (conc_samples.seconds if conc_threads else 0.0),
         "requests_told_apart": len(samples.requests), "timed_one_by_one": bool(seq is not None and seq.paced),
-        "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread,
+        "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread, "busy_fraction": samples.busy_fraction,
+        "per_request": bool(live.url) or told_apart(samples), "top_lines": samples.top_lines,
     }  # fmt: skip
     if report.diagnosis is not None and report.meta.get("diagnosed", True):
         ev = _evidence(live, samples, conc_samples, seq, conc, options, machine, time.perf_counter() - started)
@@ -164,23 +168,39 @@ def _stage_stats(samples: Samples, n: int, latency_mean: float, per_request: lis
     return out
 
 
+def told_apart(samples: Samples) -> bool:
+    """Passive: were the server's requests separate enough in time to be told apart?"""
+    return len(samples.requests) >= MIN_TOLD_APART and samples.busy_fraction <= PASSIVE_BUSY_MAX
+
+
+def _stage_shares(samples: Samples) -> dict[str, dict[str, Any]]:
+    """Each stage's share of the time the server's threads spent in requests (summed over threads)."""
+    total = sum(samples.stage_ms.values())
+    none = dict.fromkeys(("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms"))
+    return {k: {"count": 0, **none, "share": round(v / total, 4)} for k, v in sorted(samples.stage_ms.items(), key=lambda kv: -kv[1])} if total else {}
+
+
 def _report(live: LiveOptions, samples: Samples, seq: Any, options: DoctorOptions) -> Report:
     """The breakdown: each stage's sampled time per request, over the requests the client timed
-    (active) or the ones the samples told apart (passive)."""
+    (active) or the ones the samples told apart (passive); when they could not be told apart,
+    each stage's share of the server's time in requests, and no ms per request."""
     rec = Recorder()
+    timed: list[dict[str, float]] = []
     if seq is not None:
         latencies = list(seq.latencies)
         timed = [stages for stages, _ in seq.match(samples)] if seq.paced else []
         timed = timed if len(timed) >= 0.8 * len(latencies) else []
     else:
-        latencies = [(t1 - t0) / 1000 for t0, t1 in samples.bounds]
-        timed = []
+        latencies = [(t1 - t0) / 1000 for t0, t1 in samples.bounds] if told_apart(samples) else []
     for latency in latencies:
         rec.record_durations({}, latency)
     title = f"servescope doctor --pid {live.pid}" + (f" --url {live.url}" if live.url else "")
     report = rec.report(title=title, tool="servescope doctor", target=f"pid {live.pid}", diagnosed=True)
     report.latency.pop("first_ms", None)  # (the server was warm before the doctor came)
-    report.stages = _stage_stats(samples, max(len(latencies), 1), float(np.mean(latencies)) if latencies else 0.0, timed)
+    if latencies:
+        report.stages = _stage_stats(samples, len(latencies), float(np.mean(latencies)), timed)
+    else:
+        report.stages = _stage_shares(samples)
     verdict = Verdict(failures=seq.errors_by_kind() if seq is not None else {})
     report.diagnosis = Diagnosis(verdict=verdict, endpoint_errors=sorted(set(seq.errors))[:5] if seq is not None else [])
     if seq is not None:
@@ -198,28 +218,33 @@ def _report(live: LiveOptions, samples: Samples, seq: Any, options: DoctorOption
 
 def _loads_per_request(s: Samples, n: int, latencies: list[float]) -> float:
     """Loads counted (a run of load samples is one), or at least one per request when loads
-    shorter than a sample interval recur all through the run and take a share of each request."""
-    counted = s.calls.get("load", 0) / n
-    per_request_ms = s.stage_ms.get("load", 0.0) / n
-    if latencies and s.load_spread >= RECUR_SPREAD and per_request_ms >= RECUR_SHARE * float(np.median(latencies)):
+    shorter than a sample interval recur all through the run and take a share of each request
+    (of the server's time in requests, when the requests could not be told apart)."""
+    counted = s.calls.get("load", 0) / n if latencies else 0.0
+    if latencies:
+        share = s.stage_ms.get("load", 0.0) / n / float(np.median(latencies))
+    else:
+        share = s.stage_ms.get("load", 0.0) / max(sum(s.stage_ms.values()), 1e-9)
+    if s.load_spread >= RECUR_SPREAD and share >= RECUR_SHARE:
         counted = max(counted, 1.0)
     return round(counted, 3)
 
 
 def _evidence(live: LiveOptions, s: Samples, c: Samples, seq: Any, conc: Any, options: DoctorOptions, machine: Machine, seconds: float) -> Evidence:
-    n = len(seq.latencies) if seq is not None else len(s.requests)
-    n = max(n, 1)
-    lat = seq.latencies if seq is not None else [(t1 - t0) / 1000 for t0, t1 in s.bounds]
+    per_request = seq is not None or told_apart(s)
+    n = max(len(seq.latencies) if seq is not None else len(s.requests), 1)
+    lat = seq.latencies if seq is not None else [(t1 - t0) / 1000 for t0, t1 in s.bounds] if per_request else []
     warm = Warm(
-        requests=n,
+        requests=n if per_request else 0,
         errors=len(seq.errors) if seq is not None else 0,
         p50_ms=round(float(np.percentile(lat, 50)), 3) if lat else None,
         p90_ms=round(float(np.percentile(lat, 90)), 3) if lat else None,
         max_ms=round(max(lat), 3) if lat else None,
         loads_per_request=_loads_per_request(s, n, lat),
-        load_ms_per_request=round(s.stage_ms.get("load", 0.0) / n, 3),
+        load_ms_per_request=round(s.stage_ms.get("load", 0.0) / n, 3) if per_request else None,
         load_calls=s.load_calls,
-        forwards=Forwards(count=s.calls.get("infer", 0), per_request=round(s.calls.get("infer", 0) / n, 3), on_event_loop=s.loop_infer_calls),
+        forwards=Forwards(count=s.calls.get("infer", 0), per_request=round(s.calls.get("infer", 0) / n, 3) if per_request else 0.0,
+                          on_event_loop=s.loop_infer_calls),  # fmt: skip
     )
     loop = None
     if c.loop_ms > 0:
@@ -232,13 +257,13 @@ def _evidence(live: LiveOptions, s: Samples, c: Samples, seq: Any, conc: Any, op
         )
     concurrent = Concurrent(
         concurrency=options.concurrency if conc is not None else 0,
-        requests=conc.requests if conc is not None else n,
+        requests=conc.requests if conc is not None else 0,
         errors=conc.errors if conc is not None else 0,
         throughput_rps=conc.rps if conc is not None else None,
         sequential_rps=seq.rps if seq is not None else None,
         p50_ms=conc.p50_ms if conc is not None else None,
         # (a sampled call: the loop ran the model; counted as the in-process doctor counts forwards there)
-        forwards=Forwards(count=c.calls.get("infer", 0), on_event_loop=c.loop_infer_calls),
+        forwards=Forwards(count=c.calls.get("infer", 0), on_event_loop=c.loop_infer_calls) if conc is not None else None,
         loop=loop,
         # a busy run on the loop is how late every other task on it woke (the lag it caused)
         loop_lag_max_ms=c.loop_longest_ms if loop is not None else None,

@@ -48,7 +48,12 @@ class Samples:
     loop_longest_ms: float = 0.0
     loop_infer_calls: int = 0
     loop_hot_spot: str = ""
+    #: the share of the run during which some thread worked on a request: near 1, requests
+    #: came back to back (or overlapped) and cannot be told apart
+    busy_fraction: float = 0.0
     hot_spots: dict[str, str] = field(default_factory=dict)
+    #: stage -> its most sampled lines (the innermost of the user's code), with their ms
+    top_lines: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     hot_in_user_code: dict[str, bool] = field(default_factory=dict)
 
 
@@ -115,7 +120,9 @@ def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
     for stage, c in hot.items():
         (where, user), _ = c.most_common(1)[0]
         out.hot_spots[stage], out.hot_in_user_code[stage] = where, user
+        out.top_lines[stage] = [(w, round(us / 1000, 3)) for (w, _), us in c.most_common(5)]
     _requests(out, work, join_us)
+    out.busy_fraction = round(sum(t1 - t0 for t0, t1 in out.bounds) / max(t_max - t_min, 1), 3)
     out.stage_ms = {k: round(v, 3) for k, v in out.stage_ms.items()}
     out.loop_ms, out.loop_busy_ms, out.loop_longest_ms = round(out.loop_ms, 3), round(out.loop_busy_ms, 3), round(out.loop_longest_ms, 3)
     return out
