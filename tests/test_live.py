@@ -98,6 +98,16 @@ def test_packages_are_read_from_site_packages_before_the_standard_library():
     assert package(f"{STD}/json/encoder.py") == "json" and package(APP) == ""
 
 
+def test_a_loads_name_is_the_one_the_load_once_fix_knows():
+    from servescope.doctor.live.stages import load_label
+
+    tok = ("AutoTokenizer.from_pretrained", f"{SITE}/transformers/models/auto/tokenization_auto.py", 900)
+    assert load_label(frames(REQ + [HANDLER, tok])) == "AutoTokenizer.from_pretrained"
+    assert load_label(frames(REQ + [HANDLER] + LOAD)) == "torch.load"
+    built = ("Linear.__init__", f"{SITE}/torch/nn/modules/linear.py", 100)
+    assert load_label(frames(REQ + [HANDLER, built])) == "nn.Module built"
+
+
 def test_requests_are_told_apart_by_idle_gaps_and_the_users_code_split_around_the_model():
     body = [(0, IDLE)]
     for i in range(3):  # each request: 10 ms parse in the handler, 30 ms model, 10 ms to text; 50 ms idle
