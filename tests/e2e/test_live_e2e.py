@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -124,3 +125,24 @@ def test_a_process_that_is_not_python_or_not_there_is_refused_in_one_line(capsys
     gone = sleeper.pid
     assert main(["doctor", "--pid", str(gone), "--duration", "1s"]) == 3
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to sample as another user")
+def test_no_permission_to_read_the_process_is_one_line_that_says_how_to_allow_it(tmp_path, monkeypatch, capsys):
+    # py-spy run as `nobody` against a process of root's: the kernel refuses, as for another user's server
+    from servescope.doctor.live import spy
+
+    real = spy.py_spy()
+    wrapper = tmp_path / "py-spy-as-nobody"
+    wrapper.write_text(f'#!/bin/sh\nexec setpriv --reuid nobody --regid nogroup --clear-groups {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(spy, "py_spy", lambda: str(wrapper))
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert main(["doctor", "--pid", str(target.pid), "--duration", "1s"]) == 3
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "not allowed to read process" in err and "SYS_PTRACE" in err
+        assert target.poll() is None  # untouched
+    finally:
+        target.kill()
+        target.wait()

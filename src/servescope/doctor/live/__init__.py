@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,21 +54,30 @@ WARMUP_PER_WORKER = 2
 _NOT_SEEN = "not visible in a live process's stacks (doctor --pid)"
 
 
+@dataclass
 class LiveOptions:
-    def __init__(self, pid: int, *, url: str | None = None, duration_s: float = 30.0, rate: int = RATE, flames: str | None = None) -> None:
-        if duration_s <= 0:
-            raise ConfigError(f"--duration must be above 0, got {duration_s:g}")
-        if not 1 <= rate <= 1000:
-            raise ConfigError(f"--rate must be 1-1000 samples a second, got {rate}")
-        self.pid, self.url, self.duration_s, self.rate, self.flames = pid, url, duration_s, rate, flames
+    """What ``doctor --pid`` samples: the process, for how long (passive) or while sending to
+    ``url`` (active), how often, and where its flame graphs go."""
+
+    pid: int
+    url: str | None = None
+    duration_s: float = 30.0
+    rate: int = RATE
+    flames: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0:
+            raise ConfigError(f"--duration must be above 0, got {self.duration_s:g}")
+        if not 1 <= self.rate <= 1000:
+            raise ConfigError(f"--rate must be 1-1000 samples a second, got {self.rate}")
 
 
 def _gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists() if os.path.isdir("/proc") else False
 
 
-def _record(live: LiveOptions, during: Callable[[], Any]) -> tuple[list[Thread], Any, float]:
-    """Sample the process while ``during()`` runs; its result, the threads, the seconds."""
+def _record(live: LiveOptions, during: Callable[[], Any]) -> tuple[list[Thread], Any]:
+    """Sample the process while ``during()`` runs: its threads' stacks, and what ``during`` returned."""
     rec = Recording(live.pid, live.rate).start()
     try:
         result = during()
@@ -75,10 +85,14 @@ def _record(live: LiveOptions, during: Callable[[], Any]) -> tuple[list[Thread],
         events = rec.stop()
     if _gone(live.pid):
         raise AttachError(f"process {live.pid} ended during the run: nothing to diagnose (its samples were dropped)")
-    return threads_of(events), result, rec.stopped - rec.started
+    return threads_of(events), result
 
 
-def diagnose_pid(live: LiveOptions, *, payload: Any = None, options: DoctorOptions | None = None, progress: Callable[[str], None] = lambda s: None) -> Report:
+def diagnose_pid(
+    live: LiveOptions, *, payload: Any = None, options: DoctorOptions | None = None, progress: Callable[[str], None] = lambda s: None
+) -> Report:
+    """Sample the running process (and its workers) and diagnose it from its stacks. Raises
+    ``AttachError`` (nothing touched) when it cannot be sampled or ends during the run."""
     options = options or DoctorOptions()
     progress(f"attaching to process {live.pid}")
     seen = check_target(live.pid)
@@ -97,13 +111,13 @@ def diagnose_pid(live: LiveOptions, *, payload: Any = None, options: DoctorOptio
         paced = bool(first.latencies) and min(first.latencies) >= PACED_SAMPLES * interval_ms  # (the quickest: a worker's first may import)
         pace, busy = (GAP_SAMPLES * interval_ms / 1000, 0.0) if paced else (0.0, MIN_BUSY_S)
         progress("sequential requests, sampled")
-        seq_threads, seq, _ = _record(live, lambda: sequential_phase(url, payload, options, requests=options.requests, pace_s=pace, busy_s=busy))
+        seq_threads, seq = _record(live, lambda: sequential_phase(url, payload, options, requests=options.requests, pace_s=pace, busy_s=busy))
         seq.paced = paced
         progress("concurrent requests, sampled")
-        conc_threads, conc, _ = _record(live, lambda: concurrent_phase(live.url, payload, options))
+        conc_threads, conc = _record(live, lambda: concurrent_phase(live.url, payload, options))
     else:
         progress(f"sampling the server's own traffic for {live.duration_s:g} s")
-        seq_threads, _, _ = _record(live, lambda: _wait(live))
+        seq_threads, _ = _record(live, lambda: _wait(live))
         seq = conc = None
         conc_threads = []
     machine = Machine(cpus_available=_cpus_of(live.pid))

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,14 +113,12 @@ class Recording:
         self._dir = tempfile.mkdtemp(prefix="servescope-live-")
         self.path = Path(self._dir) / "trace.json"
         self._proc: subprocess.Popen[bytes] | None = None
-        self.started = self.stopped = 0.0  # perf_counter, around the recording
 
     def start(self) -> Recording:
         cmd = [py_spy(), "record", "--pid", str(self.pid), "--format", "chrometrace", "--output", str(self.path),
                "--rate", str(self.rate), "--idle", "--threads", "--nonblocking", "--full-filenames"]  # fmt: skip
         if self.subprocesses:
             cmd.append("--subprocesses")
-        self.started = time.perf_counter()
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_QUIET)
         return self
 
@@ -130,7 +127,6 @@ class Recording:
         proc = self._proc
         if proc is None:
             return []
-        self.stopped = time.perf_counter()
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         try:
