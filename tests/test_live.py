@@ -181,3 +181,46 @@ def test_the_html_report_shows_each_stages_most_sampled_lines():
     rep = Report(latency={}, stages={}, meta={"title": "servescope doctor --pid 1", "live": {"top_lines": {"load": [("/srv/app.py:15 predict", 812.5)]}}})
     page = render_html(rep)
     assert "Where the samples were, by stage" in page and "/srv/app.py:15 predict" in page and "812" in page
+
+
+def _gil_evidence(held=0.97, inside=2.4, cores=1.02):
+    from servescope.doctor.evidence import Concurrent, Machine
+
+    conc = Concurrent(concurrency=4, requests=24, throughput_rps=20.0, sequential_rps=21.0, gil_busy_share=held,
+                      threads_in_requests=inside, cpu_cores_busy=cores, worker_hot_spot="/srv/app.py:57 predict")  # fmt: skip
+    return Evidence(target_kind="pid", concurrent=conc, machine=Machine(cpus_available=2.0))
+
+
+def test_requests_that_take_turns_on_the_gil_are_named_from_outside():
+    from servescope.rules.concurrency import gil_contention
+
+    [f] = gil_contention(_gil_evidence())
+    assert f.id == "gil-contention" and f.evidence["gil_held_share"] == 0.97 and "97%" in f.detail
+    # server time per request now (50 ms) against two at once at the sequential rate (23.8 ms)
+    assert f.saving_ms == pytest.approx(1000 / 20 - 1000 / 42, abs=0.01) and f.saving_basis == "estimated"
+    assert gil_contention(_gil_evidence(cores=1.8)) == []  # native code ran in parallel
+    assert gil_contention(_gil_evidence(held=0.5)) == []  # the GIL was often free
+    assert gil_contention(_gil_evidence(inside=1.1)) == []  # one request at a time
+
+
+def test_the_gils_holders_give_each_process_its_share_of_the_phase():
+    from servescope.doctor.live.cpu import gil_busy_share
+
+    held = threads_of(events([(0, REQ + [HANDLER]), (600, [])]) + events([(0, REQ + [HANDLER]), (200, [])], tid=3, pid=8))
+    assert gil_busy_share(held, 1.0) == {7: 0.6, 8: 0.2}
+
+
+def test_the_cpu_a_process_used_is_read_from_its_threads():
+    import os
+    import time
+
+    from servescope.doctor.live.cpu import ProcessCpu
+
+    t0 = time.perf_counter()
+    cpu = ProcessCpu([os.getpid()])
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    busy, waiting = cpu.since()
+    wall = time.perf_counter() - t0  # (a busy machine stretches the wall, not the CPU time)
+    assert busy is not None and busy * wall >= 0.28 and waiting is not None and waiting >= 0.0

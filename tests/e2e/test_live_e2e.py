@@ -146,3 +146,18 @@ def test_no_permission_to_read_the_process_is_one_line_that_says_how_to_allow_it
     finally:
         target.kill()
         target.wait()
+
+
+def test_requests_taking_turns_on_the_gil_are_named_from_outside():
+    # FastAPI's thread pool running a pure-Python loop per request (the in-process gallery's gil app)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "apps:gil", "--port", str(port), "--log-level", "warning"],
+                            cwd=ENDPOINTS, env={**os.environ, "PYTHONPATH": str(ENDPOINTS)}, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_ready(port, proc, timeout=60.0)
+        rep = diagnose_pid(LiveOptions(proc.pid, url=f"http://127.0.0.1:{port}/predict"), payload={"x": 1}, options=OPTIONS)
+    finally:
+        stop(proc)
+    assert "gil-contention" in ids(rep), (rep.diagnosis.evidence["concurrent"], rep.diagnosis.not_checked.get("gil-contention"))
+    conc = rep.diagnosis.evidence["concurrent"]
+    assert conc["gil_busy_share"] >= 0.8 and conc["threads_in_requests"] >= 1.5 and conc["cpu_cores_busy"] < 1.5

@@ -181,6 +181,12 @@ class Concurrent:
     #: the OS does not say (not Linux, or a cgroup quota)
     machine_cores_idle: float | None = None
     worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
+    #: doctor --pid, from outside: the share of the phase one thread of the process held the
+    #: GIL (py-spy --gil), the threads working on requests on average, and the cores' worth of
+    #: its threads' waits for a CPU (/proc schedstat)
+    gil_busy_share: float | None = None
+    threads_in_requests: float | None = None
+    cpu_wait_cores: float | None = None
     #: model calls seen outside any request (a batcher's own thread): counted, not credited
     background_calls: int = 0
     background_batch_sizes: list[int] = field(default_factory=list)

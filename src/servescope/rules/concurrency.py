@@ -4,7 +4,7 @@ removed, throughput gained), never as a per-request figure at one caller."""
 
 from __future__ import annotations
 
-from ..doctor.evidence import Evidence, MissingEvidence, WhatIf
+from ..doctor.evidence import Concurrent, Evidence, MissingEvidence, WhatIf
 from ..report import Finding
 from .causes import (
     GIL_CORES,
@@ -176,7 +176,64 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
     ]
 
 
+_GIL_FIX = (
+    "# the hot spot is Python code, so threads take turns on one core:\n"
+    "# vectorise it (numpy/torch ops release the GIL), or run it in processes:\n"
+    "pool = concurrent.futures.ProcessPoolExecutor()\n"
+    "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
+    "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
+)
+#: doctor --pid: the GIL held this share of the time while this many threads, on average,
+#: worked on requests: they take turns
+GIL_HELD_SHARE, GIL_THREADS = 0.8, 1.5
+
+
+def _gil_from_stacks(ev: Evidence, conc: Concurrent) -> list[Finding]:
+    """gil-contention as a live process's samples show it (doctor --pid): py-spy's ``--gil``
+    recording says how much of the time one of its threads held the GIL, the stacks how many
+    threads worked on requests meanwhile, /proc how many cores the process used."""
+    held, inside, cores = conc.gil_busy_share, conc.threads_in_requests, conc.cpu_cores_busy
+    if held is None or inside is None or cores is None:
+        raise ev.missing_error("concurrent.cpu", "the GIL's use was not sampled")
+    width = min(max(conc.concurrency, round(inside)), int(ev.machine.cpus_available or 1) if ev.machine else 1)
+    if width < 2 or inside < GIL_THREADS or held < GIL_HELD_SHARE or cores >= GIL_CORES * width:
+        return []  # one thread at a time, a GIL often free, or native code running in parallel
+    if conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE:
+        return []  # the loop is the bottleneck: event-loop-blocked says so
+    warm = ev.warm
+    if warm is not None and warm.loads_per_request >= 0.5:
+        return []  # the Python work is the per-request load: model-load-per-request's fix removes it
+    service = None
+    if conc.throughput_rps and conc.sequential_rps:
+        service = round(1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width), 3)
+    evidence = {"gil_held_share": held, "threads_in_requests": inside, "cpu_cores_busy": cores, "concurrency": conc.concurrency,
+                "sequential_rps": conc.sequential_rps, "concurrent_rps": conc.throughput_rps}  # fmt: skip
+    if conc.worker_hot_spot:
+        evidence["hot_spot"] = conc.worker_hot_spot
+    detail = (
+        f"Sampled from outside: one of the process's threads held the GIL {held:.0%} of the time while {inside:.1f} threads "
+        f"on average worked on requests, and the process used {cores:.2f} cores: the requests' Python code ran one "
+        "thread at a time."
+    )
+    if service is not None and service > 0:
+        detail += f" Estimated from the server time per request now against {width} requests at once (c={conc.concurrency}, server time)."
+    return [
+        Finding(
+            "gil-contention",
+            "high" if held >= 0.95 else "medium",
+            "Pure-Python work holds the GIL: concurrent requests run one at a time",
+            evidence,
+            fix=_GIL_FIX,
+            saving_ms=service if service is not None and service > 0 else None,
+            detail=detail,
+            **({"saving_basis": "estimated", "saving_load": f"c={conc.concurrency}, server time"} if service and service > 0 else {}),
+        )
+    ]
+
+
 def gil_contention(ev: Evidence) -> list[Finding]:
+    if ev.target_kind == "pid":
+        return _gil_from_stacks(ev, ev.need("concurrent"))
     conc, env = ev.need("concurrent"), ev.need("environment")
     if conc.cpu_cores_busy is None or conc.gil_wait_p50_ms is None:
         raise ev.missing_error("concurrent.cpu", "CPU time and GIL waits are not visible from outside the process")
@@ -236,13 +293,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
             saving.severity(),
             "Pure-Python work holds the GIL: concurrent requests run one at a time",
             evidence,
-            fix=(
-                "# the hot spot is Python code, so threads take turns on one core:\n"
-                "# vectorise it (numpy/torch ops release the GIL), or run it in processes:\n"
-                "pool = concurrent.futures.ProcessPoolExecutor()\n"
-                "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
-                "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
-            ),
+            fix=_GIL_FIX,
             saving_ms=saving.ms,
             **saving.fields(),
             detail=f"{conc.concurrency} callers got {scaling:.2f}x the throughput of one while the process used "

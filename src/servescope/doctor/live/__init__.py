@@ -33,6 +33,7 @@ from ..evidence import Concurrent, Evidence, Forwards, LoopActivity, Machine, Wa
 from ..options import DoctorOptions
 from .flame import write_flames
 from .requests import Samples, analyse
+from .cpu import ProcessCpu, gil_busy_share
 from .spy import RATE, AttachError, Recording, check_target, worker_pids
 from .trace import Thread, threads_of
 
@@ -76,16 +77,32 @@ def _gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists() if os.path.isdir("/proc") else False
 
 
-def _record(live: LiveOptions, during: Callable[[], Any]) -> tuple[list[Thread], Any]:
-    """Sample the process while ``during()`` runs: its threads' stacks, and what ``during`` returned."""
-    rec = Recording(live.pid, live.rate).start()
+@dataclass
+class Phase:
+    """One sampled phase: every thread's stacks, the GIL's holders, the CPU the processes used."""
+
+    threads: list[Thread]
+    result: Any
+    seconds: float
+    gil: dict[int, float]  # pid -> share of the phase one of its threads held the GIL
+    cores_busy: float | None
+    cores_waiting: float | None
+
+
+def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Phase:
+    """Sample the process while ``during()`` runs (a second py-spy notes who holds the GIL)."""
+    cpu = ProcessCpu(pids)
+    rec, gil = Recording(live.pid, live.rate).start(), Recording(live.pid, live.rate, gil=True).start()
+    t0 = time.perf_counter()
     try:
         result = during()
     finally:
-        events = rec.stop()
+        seconds = time.perf_counter() - t0
+        events, gil_events = rec.stop(), gil.stop()
     if _gone(live.pid):
         raise AttachError(f"process {live.pid} ended during the run: nothing to diagnose (its samples were dropped)")
-    return threads_of(events), result
+    busy, waiting = cpu.since()
+    return Phase(threads_of(events), result, seconds, gil_busy_share(threads_of(gil_events), seconds), busy, waiting)
 
 
 def diagnose_pid(
@@ -97,6 +114,7 @@ def diagnose_pid(
     progress(f"attaching to process {live.pid}")
     seen = check_target(live.pid)
     workers = worker_pids(live.pid)
+    pids = [live.pid, *workers]
     started = time.perf_counter()
     cpu = CpuReading()
     if live.url:
@@ -111,15 +129,18 @@ def diagnose_pid(
         paced = bool(first.latencies) and min(first.latencies) >= PACED_SAMPLES * interval_ms  # (the quickest: a worker's first may import)
         pace, busy = (GAP_SAMPLES * interval_ms / 1000, 0.0) if paced else (0.0, MIN_BUSY_S)
         progress("sequential requests, sampled")
-        seq_threads, seq = _record(live, lambda: sequential_phase(url, payload, options, requests=options.requests, pace_s=pace, busy_s=busy))
+        first_phase = _record(live, pids, lambda: sequential_phase(url, payload, options, requests=options.requests, pace_s=pace, busy_s=busy))
+        seq = first_phase.result
         seq.paced = paced
         progress("concurrent requests, sampled")
-        conc_threads, conc = _record(live, lambda: concurrent_phase(live.url, payload, options))
+        conc_phase = _record(live, pids, lambda: concurrent_phase(url, payload, options))
+        conc = conc_phase.result
     else:
         progress(f"sampling the server's own traffic for {live.duration_s:g} s")
-        seq_threads, _ = _record(live, lambda: _wait(live))
+        first_phase = conc_phase = _record(live, pids, lambda: _wait(live))
         seq = conc = None
-        conc_threads = []
+    seq_threads = first_phase.threads
+    conc_threads = conc_phase.threads if conc_phase is not first_phase else []
     machine = Machine(cpus_available=_cpus_of(live.pid))
     machine.cores_idle, machine.others_cores, machine.cpu_pressure = cpu.since()
     samples = analyse(seq_threads)
@@ -134,6 +155,7 @@ def diagnose_pid(
     }  # fmt: skip
     if report.diagnosis is not None and report.meta.get("diagnosed", True):
         ev = _evidence(live, samples, conc_samples, seq, conc, options, machine, time.perf_counter() - started)
+        _outside(ev, conc_samples, conc_phase)
         report.diagnosis.evidence = ev.to_dict()
         from ...rules import diagnose_report
 
@@ -230,6 +252,21 @@ def _report(live: LiveOptions, samples: Samples, seq: Any, options: DoctorOption
     return report
 
 
+def _outside(ev: Evidence, s: Samples, phase: Phase) -> None:
+    """What the phase under load measured from outside the process: the GIL's use and threads
+    in requests of its busiest process (each process has its own GIL), its CPU."""
+    conc = ev.concurrent
+    if conc is None or phase.seconds <= 0:
+        return
+    conc.cpu_cores_busy, conc.cpu_wait_cores = phase.cores_busy, phase.cores_waiting
+    conc.worker_hot_spot = s.worker_hot_spot
+    by_pid = phase.gil or dict.fromkeys(s.request_ms_by_pid, 0.0)  # (no sample held the GIL: it was free)
+    if by_pid:
+        pid = max(by_pid, key=lambda p: (by_pid[p], s.request_ms_by_pid.get(p, 0.0)))
+        conc.gil_busy_share = by_pid[pid]
+        conc.threads_in_requests = round(s.request_ms_by_pid.get(pid, 0.0) / 1000 / phase.seconds, 2)
+
+
 def _loads_per_request(s: Samples, n: int, latencies: list[float]) -> float:
     """Loads counted (a run of load samples is one), or at least one per request when loads
     shorter than a sample interval recur all through the run and take a share of each request
@@ -287,8 +324,7 @@ def _evidence(live: LiveOptions, s: Samples, c: Samples, seq: Any, conc: Any, op
         "(run `servescope doctor FILE:app` to see a cold start)",
         "batch_probe": "the model cannot be called from outside the process (doctor --pid)",
         "repeated": "the model's inputs are " + _NOT_SEEN,
-        "environment": "the process's devices, thread pools (torch, ONNX Runtime, BLAS) and GIL waits are " + _NOT_SEEN,
-        "concurrent.cpu": "waits for the GIL are " + _NOT_SEEN,
+        "environment": "the process's devices and thread pools (torch, ONNX Runtime, BLAS) are " + _NOT_SEEN,
     }
     return Evidence(
         target_kind="pid",

@@ -48,6 +48,10 @@ class Samples:
     loop_longest_ms: float = 0.0
     loop_infer_calls: int = 0
     loop_hot_spot: str = ""
+    #: time in requests per process (its threads summed), ms; and where the threads that are
+    #: not an event loop's spent their time in requests
+    request_ms_by_pid: dict[int, float] = field(default_factory=dict)
+    worker_hot_spot: str = ""
     #: the share of the run during which some thread worked on a request: near 1, requests
     #: came back to back (or overlapped) and cannot be told apart
     busy_fraction: float = 0.0
@@ -85,6 +89,7 @@ def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
     work: list[tuple[Span, str, bool]] = []  # (span, stage, on the loop)
     hot: dict[str, Counter[tuple[str, bool]]] = defaultdict(Counter)
     loads: Counter[str] = Counter()
+    workers_hot: Counter[str] = Counter()
     for th in threads:
         loop = is_loop_thread(th)
         loop_hot: Counter[str] = Counter()
@@ -101,6 +106,9 @@ def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
             prev_stage, prev_end = stage, s.t1_us
             if busy:
                 work.append((s, stage, loop))
+                out.request_ms_by_pid[th.pid] = out.request_ms_by_pid.get(th.pid, 0.0) + s.ms
+                if not loop:
+                    workers_hot[_hot(s.frames)[0]] += s.t1_us - s.t0_us
                 out.stage_ms[stage] = out.stage_ms.get(stage, 0.0) + s.ms
                 hot[stage][_hot(s.frames)] += s.t1_us - s.t0_us
             if not loop:
@@ -115,6 +123,7 @@ def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
         if loop_hot:
             out.loop_hot_spot = loop_hot.most_common(1)[0][0]
     out.load_calls = [name for name, _ in loads.most_common()]
+    out.worker_hot_spot = workers_hot.most_common(1)[0][0] if workers_hot else ""
     tenths = {min(9, (s.t0_us - t_min) * 10 // max(t_max - t_min, 1)) for s, stage, _ in work if stage == "load"}
     out.load_spread = len(tenths) / 10
     for stage, c in hot.items():

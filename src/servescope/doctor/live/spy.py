@@ -101,22 +101,23 @@ def worker_pids(pid: int) -> list[int]:
 
 class Recording:
     """``py-spy record`` over a live process and its children, in the background, until
-    ``stop()``: every thread (idle ones too, so waits can be told from work), at ``rate``.
+    ``stop()``: every thread (idle ones too, so waits can be told from work), at ``rate``; with
+    ``gil``, only the thread holding the GIL at each sample.
 
         rec = Recording(pid).start()
         ...                       # the phase to sample
         events = rec.stop()       # Chrome trace events: ph B/E, ts in microseconds, pid, tid
     """
 
-    def __init__(self, pid: int, rate: int = RATE, *, subprocesses: bool = True) -> None:
-        self.pid, self.rate, self.subprocesses = pid, rate, subprocesses
+    def __init__(self, pid: int, rate: int = RATE, *, subprocesses: bool = True, gil: bool = False) -> None:
+        self.pid, self.rate, self.subprocesses, self.gil = pid, rate, subprocesses, gil
         self._dir = tempfile.mkdtemp(prefix="servescope-live-")
         self.path = Path(self._dir) / "trace.json"
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Recording:
         cmd = [py_spy(), "record", "--pid", str(self.pid), "--format", "chrometrace", "--output", str(self.path),
-               "--rate", str(self.rate), "--idle", "--threads", "--nonblocking", "--full-filenames"]  # fmt: skip
+               "--rate", str(self.rate), "--gil" if self.gil else "--idle", "--threads", "--nonblocking", "--full-filenames"]  # fmt: skip
         if self.subprocesses:
             cmd.append("--subprocesses")
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_QUIET)
