@@ -112,7 +112,10 @@ def _live_line(live: dict) -> str:
     who = f"process {live.get('pid')}" + (f" and its {len(workers)} worker process(es)" if workers else "")
     how = "the doctor's own requests" if live.get("mode") == "active" else "the server's own traffic"
     told = f"; {live.get('requests_told_apart', 0)} requests told apart in the samples" if live.get("mode") != "active" else ""
-    return f"Sampled {who} from outside (py-spy, {live.get('rate_hz')} Hz) for {live.get('seconds_sampled', 0):.1f} s during {how}{told}."
+    cpu = live.get("cpu") or {}
+    used = (f" The process used {cpu['cores_busy']:.2f} cores; its threads waited {cpu['cores_waiting']:.2f} cores' worth for a CPU."
+            if cpu.get("cores_busy") is not None and cpu.get("cores_waiting") is not None else "")  # fmt: skip
+    return f"Sampled {who} from outside (py-spy, {live.get('rate_hz')} Hz) for {live.get('seconds_sampled', 0):.1f} s during {how}{told}.{used}"
 
 
 def _headline(report: Report) -> list[Text]:

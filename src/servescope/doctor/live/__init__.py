@@ -152,6 +152,7 @@ def diagnose_pid(
         "requests_told_apart": len(samples.requests), "timed_one_by_one": bool(seq is not None and seq.paced),
         "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread, "busy_fraction": samples.busy_fraction,
         "per_request": bool(live.url) or told_apart(samples), "top_lines": samples.top_lines,
+        "cpu": {"cores_busy": conc_phase.cores_busy, "cores_waiting": conc_phase.cores_waiting},
     }  # fmt: skip
     if report.diagnosis is not None and report.meta.get("diagnosed", True):
         ev = _evidence(live, samples, conc_samples, seq, conc, options, machine, time.perf_counter() - started)
