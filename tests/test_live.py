@@ -221,6 +221,19 @@ def test_the_cpu_a_process_used_is_read_from_its_threads():
     end = time.process_time() + 0.3
     while time.process_time() < end:
         pass
-    busy, waiting = cpu.since()
+    busy, waiting, threads = cpu.since()
     wall = time.perf_counter() - t0  # (a busy machine stretches the wall, not the CPU time)
-    assert busy is not None and busy * wall >= 0.28 and waiting is not None and waiting >= 0.0
+    assert busy is not None and busy * wall >= 0.28 and waiting is not None and waiting >= 0.0 and threads >= 1
+
+
+def test_more_busy_threads_than_cpus_that_wait_for_one_are_named_from_outside():
+    from servescope.doctor.evidence import Concurrent, Machine
+    from servescope.rules.concurrency import thread_oversubscription
+
+    def ev(busy, waiting):
+        conc = Concurrent(concurrency=4, threads_busy=busy, cpu_wait_cores=waiting, processes=2, cpu_cores_busy=1.9)
+        return Evidence(target_kind="pid", concurrent=conc, machine=Machine(cpus_available=2.0, others_cores=0.0))
+
+    [f] = thread_oversubscription(ev(6, 1.4))
+    assert f.severity == "high" and f.saving_ms is None and "torch.set_num_threads(1)" in f.fix and "cannot be seen from outside" in f.detail
+    assert thread_oversubscription(ev(6, 0.1)) == [] and thread_oversubscription(ev(2, 1.4)) == []

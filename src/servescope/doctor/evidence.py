@@ -187,6 +187,8 @@ class Concurrent:
     gil_busy_share: float | None = None
     threads_in_requests: float | None = None
     cpu_wait_cores: float | None = None
+    threads_busy: int | None = None  # ... and how many of its threads (native ones too) used a tenth of a core or more
+    processes: int | None = None  # ... and the server's processes (a master and its workers)
     #: model calls seen outside any request (a batcher's own thread): counted, not credited
     background_calls: int = 0
     background_batch_sizes: list[int] = field(default_factory=list)

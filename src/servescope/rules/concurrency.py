@@ -319,7 +319,47 @@ def _fewer_threads_won(ev: Evidence, experiment: str) -> WhatIf | None:
     return w if (w.saving_ms or 0.0) >= CONTENTION_SHARE * (w.base_p50_ms or 0.0) else None
 
 
+#: doctor --pid: the process's threads waited this many cores' worth for a CPU
+THREAD_WAIT_CORES = 0.25
+
+
+def _threads_from_outside(ev: Evidence) -> list[Finding]:
+    """thread-oversubscription as /proc shows a live process (doctor --pid): more of its threads
+    busy than CPUs, and they waited for one. Which pool to shrink is not known from outside."""
+    conc = ev.need("concurrent")
+    busy, waiting = conc.threads_busy, conc.cpu_wait_cores
+    cpus = ev.machine.cpus_available if ev.machine is not None else None
+    if busy is None or waiting is None or not cpus:
+        raise ev.missing_error("environment", "the process's threads are not visible from outside")
+    if busy <= cpus or waiting < THREAD_WAIT_CORES:
+        return []
+    others = ev.machine.others_cores if ev.machine is not None and ev.machine.others_cores is not None else 0.0
+    share = max(1, int((cpus - others if others >= BUSY_CORES else cpus) + 0.5) // max(conc.processes or 1, 1))
+    evidence = {"threads_busy": busy, "cpus_available": cpus, "cpu_wait_cores": waiting, "processes": conc.processes, "cpu_cores_busy": conc.cpu_cores_busy}
+    if others >= BUSY_CORES:
+        evidence["others_cores"] = round(others, 2)
+    return [
+        Finding(
+            "thread-oversubscription",
+            "high" if waiting >= 1.0 else "medium",
+            "More busy threads than CPUs: they wait for each other",
+            evidence,
+            fix=(f"# each worker process's compute pools sized to the CPUs it has, at start-up (here {share}):\n"
+                 f"torch.set_num_threads({share})\n# or OMP_NUM_THREADS={share} MKL_NUM_THREADS={share} in the server's environment;\n"
+                 "# an ONNX Runtime session: SessionOptions.intra_op_num_threads"),  # fmt: skip
+            detail=(
+                f"Measured from outside (/proc): {busy} of the process's threads used a tenth of a core or more on "
+                f"{cpus:g} CPUs, and they waited {waiting:.2f} cores' worth for one. Which pool they belong to (torch, ONNX "
+                "Runtime, BLAS) cannot be seen from outside; the saving is not measured: set the threads and compare with "
+                "servescope bench."
+            ),
+        )
+    ]
+
+
 def thread_oversubscription(ev: Evidence) -> list[Finding]:
+    if ev.target_kind == "pid":
+        return _threads_from_outside(ev)
     env = ev.need("environment")
     cpus = env.cpus_available
     pools = {"torch_threads": env.torch_threads, "blas_threads": env.blas_threads, "onnxruntime_threads": env.ort_threads}

@@ -87,6 +87,7 @@ class Phase:
     gil: dict[int, float]  # pid -> share of the phase one of its threads held the GIL
     cores_busy: float | None
     cores_waiting: float | None
+    threads_busy: int | None  # threads (native ones too) that used a tenth of a core or more
 
 
 def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Phase:
@@ -101,8 +102,8 @@ def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Ph
         events, gil_events = rec.stop(), gil.stop()
     if _gone(live.pid):
         raise AttachError(f"process {live.pid} ended during the run: nothing to diagnose (its samples were dropped)")
-    busy, waiting = cpu.since()
-    return Phase(threads_of(events), result, seconds, gil_busy_share(threads_of(gil_events), seconds), busy, waiting)
+    busy, waiting, threads = cpu.since()
+    return Phase(threads_of(events), result, seconds, gil_busy_share(threads_of(gil_events), seconds), busy, waiting, threads)
 
 
 def diagnose_pid(
@@ -152,7 +153,7 @@ def diagnose_pid(
         "requests_told_apart": len(samples.requests), "timed_one_by_one": bool(seq is not None and seq.paced),
         "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread, "busy_fraction": samples.busy_fraction,
         "per_request": bool(live.url) or told_apart(samples), "top_lines": samples.top_lines,
-        "cpu": {"cores_busy": conc_phase.cores_busy, "cores_waiting": conc_phase.cores_waiting},
+        "cpu": {"cores_busy": conc_phase.cores_busy, "cores_waiting": conc_phase.cores_waiting, "threads_busy": conc_phase.threads_busy},
     }  # fmt: skip
     if report.diagnosis is not None and report.meta.get("diagnosed", True):
         ev = _evidence(live, samples, conc_samples, seq, conc, options, machine, time.perf_counter() - started)
@@ -259,8 +260,9 @@ def _outside(ev: Evidence, s: Samples, phase: Phase) -> None:
     conc = ev.concurrent
     if conc is None or phase.seconds <= 0:
         return
-    conc.cpu_cores_busy, conc.cpu_wait_cores = phase.cores_busy, phase.cores_waiting
+    conc.cpu_cores_busy, conc.cpu_wait_cores, conc.threads_busy = phase.cores_busy, phase.cores_waiting, phase.threads_busy
     conc.worker_hot_spot = s.worker_hot_spot
+    conc.processes = max(s.processes, 1)
     by_pid = phase.gil or dict.fromkeys(s.request_ms_by_pid, 0.0)  # (no sample held the GIL: it was free)
     if by_pid:
         pid = max(by_pid, key=lambda p: (by_pid[p], s.request_ms_by_pid.get(p, 0.0)))
@@ -325,7 +327,7 @@ def _evidence(live: LiveOptions, s: Samples, c: Samples, seq: Any, conc: Any, op
         "(run `servescope doctor FILE:app` to see a cold start)",
         "batch_probe": "the model cannot be called from outside the process (doctor --pid)",
         "repeated": "the model's inputs are " + _NOT_SEEN,
-        "environment": "the process's devices and thread pools (torch, ONNX Runtime, BLAS) are " + _NOT_SEEN,
+        "environment": "the process's devices and the sizes of its thread pools (torch, ONNX Runtime, BLAS) are " + _NOT_SEEN,
     }
     return Evidence(
         target_kind="pid",
