@@ -262,7 +262,7 @@ def _outside(ev: Evidence, s: Samples, phase: Phase) -> None:
         return
     conc.cpu_cores_busy, conc.cpu_wait_cores, conc.threads_busy = phase.cores_busy, phase.cores_waiting, phase.threads_busy
     conc.worker_hot_spot = s.worker_hot_spot
-    conc.processes = max(s.processes, 1)
+    conc.processes = max(len(s.request_ms_by_pid), 1)  # (the processes that served: a master only forks)
     by_pid = phase.gil or dict.fromkeys(s.request_ms_by_pid, 0.0)  # (no sample held the GIL: it was free)
     if by_pid:
         pid = max(by_pid, key=lambda p: (by_pid[p], s.request_ms_by_pid.get(p, 0.0)))
