@@ -53,6 +53,14 @@ def under_load(url: str, seconds: float) -> threading.Thread:
     return t
 
 
+def in_process(app: str, payload=None):
+    """The in-process doctor on the same app (no experiments: the causes, not their sizes)."""
+    sys.path.insert(0, str(ENDPOINTS))
+    import live_apps
+
+    return diagnose(getattr(live_apps, app), payload=payload or BODY, options=DoctorOptions(requests=10, concurrency=4, experiment_seconds=0))
+
+
 def ids(report) -> set[str]:
     return {f.id for f in report.findings}
 
@@ -71,12 +79,7 @@ def test_a_forward_on_the_event_loop_is_named_from_the_stacks_alone_under_load()
     assert loop["busy_share"] >= 0.5 and loop["longest_busy_ms"] >= 50 and "predict_on_loop" in loop["hot_spot"]
     assert rep.stages["infer"]["share"] >= 0.5  # the model's time, from the samples
     assert "training-mode" in rep.diagnosis.not_checked and "doctor --pid" in rep.diagnosis.not_checked["grad-enabled"]
-    # the in-process doctor on the same app names the same cause
-    sys.path.insert(0, str(ENDPOINTS))
-    import live_apps
-
-    inproc = diagnose(live_apps.on_loop, payload=BODY, options=DoctorOptions(requests=10, concurrency=4, experiment_seconds=0))
-    assert "event-loop-blocked" in ids(inproc)
+    assert "event-loop-blocked" in ids(in_process("on_loop"))  # the in-process doctor on the same app agrees
 
 
 def test_a_load_per_request_is_found_in_gunicorns_workers_from_the_master_pid():
@@ -90,6 +93,7 @@ def test_a_load_per_request_is_found_in_gunicorns_workers_from_the_master_pid():
     assert f.evidence["loads_per_request"] >= 0.8 and "torch.load" in f.evidence["load_calls"]
     assert rep.latency["count"] >= 10 and rep.meta["live"]["requests_told_apart"] >= 8
     assert rep.stages["load"]["share"] >= 0.1
+    assert "model-load-per-request" in ids(in_process("loads"))  # the in-process doctor agrees
 
 
 def test_slow_serialization_in_flask_is_named_with_its_hot_line(tmp_path):
@@ -107,6 +111,7 @@ def test_slow_serialization_in_flask_is_named_with_its_hot_line(tmp_path):
     rep = json.loads(out.read_text())
     found = {f["id"]: f for f in rep["findings"]}
     assert "slow-serialization" in found, rep["diagnosis"]["not_checked"]
+    assert "slow-serialization" in ids(in_process("slow_json", {"k": 20000}))
     hot = found["slow-serialization"]["evidence"]["hot_spot"]
     assert "live_apps.py:" in hot and hot.endswith("predict_rows")  # the view's own line
     assert (flames / "flame.speedscope.json").exists() and "serialize;" in (flames / "flame.collapsed.txt").read_text()

@@ -117,7 +117,7 @@ def diagnose_pid(
     workers = worker_pids(live.pid)
     pids = [live.pid, *workers]
     started = time.perf_counter()
-    cpu = CpuReading()
+    cpu, target_cpu = CpuReading(), ProcessCpu(pids)
     if live.url:
         from .active import concurrent_phase, sequential_phase
 
@@ -143,7 +143,9 @@ def diagnose_pid(
     seq_threads = first_phase.threads
     conc_threads = conc_phase.threads if conc_phase is not first_phase else []
     machine = Machine(cpus_available=_cpus_of(live.pid))
-    machine.cores_idle, machine.others_cores, machine.cpu_pressure = cpu.since()
+    machine.cores_idle, others, machine.cpu_pressure = cpu.since()
+    served, _, _ = target_cpu.since()  # (the server is another process: its CPU is not the others')
+    machine.others_cores = round(max(others - (served or 0.0), 0.0), 2) if others is not None else None
     samples = analyse(seq_threads)
     conc_samples = analyse(conc_threads) if conc_threads else samples
     report = _report(live, samples, seq, options)
