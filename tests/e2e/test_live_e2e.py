@@ -166,3 +166,29 @@ def test_requests_taking_turns_on_the_gil_are_named_from_outside():
     assert "gil-contention" in ids(rep), (rep.diagnosis.evidence["concurrent"], rep.diagnosis.not_checked.get("gil-contention"))
     conc = rep.diagnosis.evidence["concurrent"]
     assert conc["gil_busy_share"] >= 0.8 and conc["threads_in_requests"] >= 1.5 and conc["cpu_cores_busy"] < 1.5
+
+
+def test_servers_that_are_not_one_processs_children_are_sampled_together(tmp_path):
+    # two uvicorn processes serving the same app (as Ray Serve replicas are: none is the other's child)
+    one, url_one = serve("live_apps:on_loop")
+    two, url_two = serve("live_apps:on_loop")
+    try:
+        load = [under_load(url_one, 10.0), under_load(url_two, 10.0)]
+        out = tmp_path / "rep.json"
+        code = main(["doctor", "--pid", f"{one.pid},{two.pid}", "--duration", "5s", "--json", str(out)])
+        for t in load:
+            t.join(30)
+    finally:
+        stop(one)
+        stop(two)
+    rep = json.loads(out.read_text())
+    assert code == 0 and rep["meta"]["live"]["pids"] == [one.pid, two.pid]
+    assert "event-loop-blocked" in {f["id"] for f in rep["findings"]}
+    assert rep["meta"]["live"]["cpu"]["cores_busy"] >= 1.0  # both processes' CPU, summed
+
+
+def test_the_pids_are_read_as_a_list_and_a_bad_one_is_one_line(capsys):
+    with pytest.raises(SystemExit) as stop_:
+        main(["doctor", "--pid", "12,abc"])
+    err = capsys.readouterr().err
+    assert stop_.value.code == 2 and "not a process id" in err and len(err.strip().splitlines()) == 1

@@ -22,13 +22,25 @@ EPILOG = (
 )
 
 
+def pid_list(text: str) -> list[int]:
+    """``123`` or ``123,456``: process ids."""
+    try:
+        pids = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id (or a comma-separated list of them): {text!r}") from None
+    if not pids or any(p <= 0 for p in pids):
+        raise argparse.ArgumentTypeError(f"process ids are whole numbers above 0, got {text!r}")
+    return pids
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="path/to/file.py:name or package.module:name (a handler, a FastAPI/Starlette or Flask app, a servescope.Model)")
     parser.add_argument("--url", help="an endpoint already running: only the checks that work from outside (with --pid: the doctor's requests go there while it samples)")
     parser.add_argument(
-        "--pid", type=positive_int, metavar="PID",
-        help="a server already running (its master process for gunicorn/uvicorn workers): sample its stacks with py-spy, "
-        "without stopping or changing it; with --url the doctor also sends its requests, else it reads the server's own traffic",
+        "--pid", type=pid_list, metavar="PID[,PID...]",
+        help="a server already running (its master process for gunicorn/uvicorn workers; several PIDs for Ray Serve replicas "
+        "or workers that are not its children): sample its stacks with py-spy, without stopping or changing it; with --url "
+        "the doctor also sends its requests, else it reads the server's own traffic",
     )  # fmt: skip
     parser.add_argument("--duration", metavar="DURATION", type=common.duration, default=30.0, help="with --pid and no --url: how long to sample the server's own traffic (default 30s)")
     parser.add_argument("--rate", metavar="HZ", type=positive_int, default=100, help="with --pid: samples per second (default 100)")
@@ -79,9 +91,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.pid is not None:
         from ..doctor.live import AttachError, LiveOptions, diagnose_pid
 
-        live = LiveOptions(args.pid, url=args.url, duration_s=args.duration, rate=args.rate, flames=args.flames)
+        first, *more = args.pid
+        live = LiveOptions(first, url=args.url, duration_s=args.duration, rate=args.rate, flames=args.flames, more=tuple(more))
         try:
-            with out.status(f"servescope doctor --pid {args.pid}") as status:
+            with out.status(f"servescope doctor --pid {','.join(map(str, args.pid))}") as status:
                 report = diagnose_pid(live, payload=payload, options=options, progress=lambda phase: status.update(f"servescope doctor: {phase}"))
         except AttachError as exc:
             sys.stderr.write(f"servescope: {exc}\n")  # (the target was not touched)

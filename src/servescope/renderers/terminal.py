@@ -109,7 +109,9 @@ def _ms(x: Any) -> str:
 
 def _live_line(live: dict) -> str:
     workers = live.get("workers") or []
-    who = f"process {live.get('pid')}" + (f" and its {len(workers)} worker process(es)" if workers else "")
+    roots = live.get("pids") or [live.get("pid")]
+    who = ("process " if len(roots) == 1 else "processes ") + ", ".join(map(str, roots))
+    who += f" and {len(workers)} worker process(es) under {'it' if len(roots) == 1 else 'them'}" if workers else ""
     how = "the doctor's own requests" if live.get("mode") == "active" else "the server's own traffic"
     told = f"; {live.get('requests_told_apart', 0)} requests told apart in the samples" if live.get("mode") != "active" else ""
     cpu = live.get("cpu") or {}

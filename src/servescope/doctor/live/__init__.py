@@ -65,6 +65,13 @@ class LiveOptions:
     duration_s: float = 30.0
     rate: int = RATE
     flames: str | None = None
+    #: more processes that serve the same endpoint but are not ``pid``'s children (Ray Serve
+    #: replicas, workers started by a supervisor): each is sampled with its own children
+    more: tuple[int, ...] = ()
+
+    @property
+    def roots(self) -> list[int]:
+        return list(dict.fromkeys([self.pid, *self.more]))
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0:
@@ -93,17 +100,21 @@ class Phase:
 def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Phase:
     """Sample the process while ``during()`` runs (a second py-spy notes who holds the GIL)."""
     cpu = ProcessCpu(pids)
-    rec, gil = Recording(live.pid, live.rate).start(), Recording(live.pid, live.rate, gil=True).start()
+    recs = [Recording(root, live.rate, gil=gil).start() for root in live.roots for gil in (False, True)]
     t0 = time.perf_counter()
     try:
         result = during()
     finally:
         seconds = time.perf_counter() - t0
-        events, gil_events = rec.stop(), gil.stop()
-    if _gone(live.pid):
-        raise AttachError(f"process {live.pid} ended during the run: nothing to diagnose (its samples were dropped)")
+        events = [(rec, rec.stop()) for rec in recs]
+    gone = [root for root in live.roots if _gone(root)]
+    if gone:
+        raise AttachError(f"process {gone[0]} ended during the run: nothing to diagnose (its samples were dropped)")
     busy, waiting, threads = cpu.since()
-    return Phase(threads_of(events), result, seconds, gil_busy_share(threads_of(gil_events), seconds), busy, waiting, threads)
+    # (each recording's times count from its own start: put them on the first one's clock)
+    stacks = [t for rec, ev in events if not rec.gil for t in threads_of(ev, rec.offset_us(recs[0]))]
+    held = [t for rec, ev in events if rec.gil for t in threads_of(ev, rec.offset_us(recs[0]))]
+    return Phase(stacks, result, seconds, gil_busy_share(held, seconds), busy, waiting, threads)
 
 
 def diagnose_pid(
@@ -113,9 +124,9 @@ def diagnose_pid(
     ``AttachError`` (nothing touched) when it cannot be sampled or ends during the run."""
     options = options or DoctorOptions()
     progress(f"attaching to process {live.pid}")
-    seen = check_target(live.pid)
-    workers = worker_pids(live.pid)
-    pids = [live.pid, *workers]
+    seen = [check_target(root) for root in live.roots]
+    workers = [w for root in live.roots for w in worker_pids(root)]
+    pids = [*live.roots, *workers]
     started = time.perf_counter()
     cpu, target_cpu = CpuReading(), ProcessCpu(pids)
     if live.url:
@@ -150,7 +161,7 @@ def diagnose_pid(
     conc_samples = analyse(conc_threads) if conc_threads else samples
     report = _report(live, samples, seq, options)
     report.meta["live"] = {
-        "pid": live.pid, "workers": workers, "threads_at_attach": seen["threads"], "rate_hz": live.rate,
+        "pid": live.pid, "pids": live.roots, "workers": workers, "threads_at_attach": sum(x["threads"] for x in seen), "rate_hz": live.rate,
         "mode": "active" if live.url else "passive", "seconds_sampled": samples.seconds + (conc_samples.seconds if conc_threads else 0.0),
         "requests_told_apart": len(samples.requests), "timed_one_by_one": bool(seq is not None and seq.paced),
         "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread, "busy_fraction": samples.busy_fraction,
@@ -172,7 +183,7 @@ def diagnose_pid(
 def _wait(live: LiveOptions) -> None:
     end = time.perf_counter() + live.duration_s
     while time.perf_counter() < end:
-        if _gone(live.pid):
+        if any(_gone(root) for root in live.roots):
             return
         time.sleep(min(0.2, max(end - time.perf_counter(), 0.0)))
 
@@ -234,8 +245,9 @@ def _report(live: LiveOptions, samples: Samples, seq: Any, options: DoctorOption
         latencies = [(t1 - t0) / 1000 for t0, t1 in samples.bounds] if told_apart(samples) else []
     for latency in latencies:
         rec.record_durations({}, latency)
-    title = f"servescope doctor --pid {live.pid}" + (f" --url {live.url}" if live.url else "")
-    report = rec.report(title=title, tool="servescope doctor", target=f"pid {live.pid}", diagnosed=True)
+    who = ",".join(map(str, live.roots))
+    title = f"servescope doctor --pid {who}" + (f" --url {live.url}" if live.url else "")
+    report = rec.report(title=title, tool="servescope doctor", target=f"pid {who}", diagnosed=True)
     report.latency.pop("first_ms", None)  # (the server was warm before the doctor came)
     if latencies:
         report.stages = _stage_stats(samples, len(latencies), float(np.mean(latencies)), timed)

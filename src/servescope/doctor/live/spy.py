@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,14 +115,20 @@ class Recording:
         self._dir = tempfile.mkdtemp(prefix="servescope-live-")
         self.path = Path(self._dir) / "trace.json"
         self._proc: subprocess.Popen[bytes] | None = None
+        self.launched = 0.0  # perf_counter when py-spy was started
 
     def start(self) -> Recording:
         cmd = [py_spy(), "record", "--pid", str(self.pid), "--format", "chrometrace", "--output", str(self.path),
                "--rate", str(self.rate), "--gil" if self.gil else "--idle", "--threads", "--nonblocking", "--full-filenames"]  # fmt: skip
         if self.subprocesses:
             cmd.append("--subprocesses")
+        self.launched = time.perf_counter()
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_QUIET)
         return self
+
+    def offset_us(self, first: Recording) -> int:
+        """Microseconds from ``first``'s start to this one's: its event times on ``first``'s clock."""
+        return int((self.launched - first.launched) * 1e6)
 
     def stop(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Stop sampling (py-spy writes its file on SIGINT) and read the events."""
