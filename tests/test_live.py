@@ -237,3 +237,16 @@ def test_more_busy_threads_than_cpus_that_wait_for_one_are_named_from_outside():
     [f] = thread_oversubscription(ev(6, 1.4))
     assert f.severity == "high" and f.saving_ms is None and "torch.set_num_threads(1)" in f.fix and "cannot be seen from outside" in f.detail
     assert thread_oversubscription(ev(6, 0.1)) == [] and thread_oversubscription(ev(2, 1.4)) == []
+
+
+def test_servescope_serves_own_runtime_is_the_server_and_its_model_call_is_in_a_request():
+    from pathlib import Path
+
+    import servescope
+
+    ours = Path(servescope.__file__).parent
+    worker = [("Thread.run", f"{STD}/threading.py", 982), ("Batcher.run", str(ours / "serve/batching.py"), 170),
+              ("Runtime.process", str(ours / "serve/runtime.py"), 158), ("Model.infer", str(ours / "serve/model.py"), 95)]  # fmt: skip
+    assert in_request(frames(worker + FORWARD)) and stage_of(frames(worker + FORWARD)) == "infer"
+    pusher = [("Thread.run", f"{STD}/threading.py", 982), ("ServescopeReplica._pusher", str(ours / "serve/ray_serve.py"), 172)]
+    assert not in_request(frames(pusher))  # the runtime's own housekeeping is nobody's request

@@ -501,9 +501,11 @@ class Verdict(Section):
 
 @dataclass(kw_only=True)
 class Unattributed(Section):
-    """The share of each request outside every stage the probes know."""
+    """The share of each request outside every stage the probes know (or, ``doctor --pid``,
+    outside the sampled processes' Python: ``why`` says where it may be)."""
 
     share: float | None = None
+    why: str = ""
 
 
 @dataclass(kw_only=True)

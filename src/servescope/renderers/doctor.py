@@ -126,11 +126,12 @@ def doctor_sections(report: Report) -> list[Any]:
     if unattributed is not None and unattributed.share:
         out.append(
             Text(
-                f"{unattributed.share * 100:.0f}% of each request is outside every stage the probes know (the framework, "
-                "or code that calls no model, loader or serializer they see): the breakdown cannot say what it is. "
-                "servescope.stage() around your own steps names it.",
+                f"{unattributed.share * 100:.0f}% of each request is "
+                + (unattributed.why or "outside every stage the probes know (the framework, or code that calls no model, "
+                   "loader or serializer they see): the breakdown cannot say what it is. servescope.stage() around your own "
+                   "steps names it."),
                 style="yellow",
-            )
+            )  # fmt: skip
         )
     for name, why in diagnosis.probes_disabled.items():
         out.append(Text(f"Probe switched off mid-run: {name} ({why}); the endpoint's calls went on unprobed.", style="yellow"))

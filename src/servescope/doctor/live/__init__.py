@@ -28,7 +28,7 @@ from ...environment import CpuReading
 from ...exceptions import ConfigError
 from ...recorder import Recorder
 from ...report import Report
-from ...sections import Diagnosis, Verdict
+from ...sections import Diagnosis, Unattributed, Verdict
 from ..evidence import Concurrent, Evidence, Forwards, LoopActivity, Machine, Warm
 from ..options import DoctorOptions
 from .flame import write_flames
@@ -47,6 +47,8 @@ PACED_SAMPLES, GAP_SAMPLES, MIN_BUSY_S = 8, 3, 3.0
 #: A load seen in this share of the run's tenths, taking this share of the p50, recurs on
 #: every request (its calls may be too short to count).
 RECUR_SPREAD, RECUR_SHARE = 0.8, 0.05
+#: A share of the request outside the samples at least this large is said (as the in-process doctor's)
+UNATTRIBUTED_SHARE = 0.3
 #: Passive sampling tells requests apart when the server was idle between them: at most this
 #: share of the run busy, and at least ``MIN_TOLD_APART`` requests seen.
 PASSIVE_BUSY_MAX, MIN_TOLD_APART = 0.6, 3
@@ -168,6 +170,13 @@ def diagnose_pid(
         "per_request": bool(live.url) or told_apart(samples), "top_lines": samples.top_lines,
         "cpu": {"cores_busy": conc_phase.cores_busy, "cores_waiting": conc_phase.cores_waiting, "threads_busy": conc_phase.threads_busy},
     }  # fmt: skip
+    outside = (report.stages.get("outside the samples") or {}).get("share") or 0.0
+    if report.diagnosis is not None and outside >= UNATTRIBUTED_SHARE:
+        report.diagnosis.unattributed = Unattributed(
+            share=round(outside, 3),
+            why="outside the sampled processes' Python (the network, a proxy in another process such as Ray Serve's, the "
+            "server's C code, time between samples): the samples cannot say what it is, so no cause in it is named",
+        )
     if report.diagnosis is not None and report.meta.get("diagnosed", True):
         ev = _evidence(live, samples, conc_samples, seq, conc, options, machine, time.perf_counter() - started)
         _outside(ev, conc_samples, conc_phase)

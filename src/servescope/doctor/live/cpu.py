@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .stages import in_request
 from .trace import Thread
 
 __all__ = ["ProcessCpu", "gil_busy_share"]
@@ -51,8 +52,9 @@ class ProcessCpu:
 
 
 def gil_busy_share(gil_threads: list[Thread], seconds: float) -> dict[int, float]:
-    """Per process: the share of ``seconds`` during which one of its threads held the GIL."""
+    """Per process: the share of ``seconds`` during which one of its threads held the GIL for a
+    request's work (a runtime's own thread holding it while it waits in C is not the requests')."""
     held: dict[int, float] = {}
     for th in gil_threads:
-        held[th.pid] = held.get(th.pid, 0.0) + sum(s.t1_us - s.t0_us for s in th.spans) / 1e6
+        held[th.pid] = held.get(th.pid, 0.0) + sum(s.t1_us - s.t0_us for s in th.spans if in_request(s.frames)) / 1e6
     return {pid: round(min(t / seconds, 1.0), 3) for pid, t in held.items()} if seconds > 0 else {}

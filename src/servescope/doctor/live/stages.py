@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import linecache
 import re
+from pathlib import Path
 from typing import Callable
 
 from .trace import Frame
@@ -40,15 +41,26 @@ REQUEST_FRAMES = (
     ("flask", "Flask.full_dispatch_request"),
     ("flask", "Flask.wsgi_app"),
     ("gunicorn", "handle_request"),
+    # servescope.serve's own runtime: its request path, and its worker's batches (the model's
+    # call may be the runtime's default infer, with no user frame on the stack)
+    ("servescope", "ServeApp._predict"),
+    ("servescope", "Runtime.process"),
 )
 
 
+#: servescope's own code wherever it is installed (an editable install is outside site-packages):
+#: its runtime's threads serve requests, they are not the user's handler
+_OURS = str(Path(__file__).resolve().parents[2]) + "/"
+
+
 def is_library(file: str) -> bool:
-    return bool(_LIB.search(file)) or not file
+    return bool(_LIB.search(file)) or not file or file.startswith(_OURS)
 
 
 def package(file: str) -> str:
     """The top-level package (or standard-library module) a file belongs to; "" for user code."""
+    if file.startswith(_OURS):
+        return "servescope"
     m = _SITE.search(file) or _STDLIB.search(file)
     if not m:
         return ""
