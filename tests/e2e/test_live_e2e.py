@@ -192,3 +192,15 @@ def test_the_pids_are_read_as_a_list_and_a_bad_one_is_one_line(capsys):
         main(["doctor", "--pid", "12,abc"])
     err = capsys.readouterr().err
     assert stop_.value.code == 2 and "not a process id" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_process_that_ends_during_the_run_is_one_line_and_exit_3(capsys):
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        time.sleep(0.3)  # (running Python by now)
+        assert main(["doctor", "--pid", str(target.pid), "--duration", "6s"]) == 3
+    finally:
+        target.kill()
+        target.wait()
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ended during the run" in err
