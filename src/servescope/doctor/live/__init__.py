@@ -99,6 +99,12 @@ class Phase:
     threads_busy: int | None  # threads (native ones too) that used a tenth of a core or more
 
 
+def _check_alive(live: LiveOptions) -> None:
+    gone = [root for root in live.roots if _gone(root)]
+    if gone:
+        raise AttachError(f"process {gone[0]} ended during the run: nothing to diagnose (its samples were dropped)")
+
+
 def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Phase:
     """Sample the process while ``during()`` runs (a second py-spy notes who holds the GIL)."""
     cpu = ProcessCpu(pids)
@@ -108,10 +114,12 @@ def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Ph
         result = during()
     finally:
         seconds = time.perf_counter() - t0
-        events = [(rec, rec.stop()) for rec in recs]
-    gone = [root for root in live.roots if _gone(root)]
-    if gone:
-        raise AttachError(f"process {gone[0]} ended during the run: nothing to diagnose (its samples were dropped)")
+        try:
+            events = [(rec, rec.stop()) for rec in recs]
+        except AttachError:
+            _check_alive(live)
+            raise
+    _check_alive(live)
     busy, waiting, threads = cpu.since()
     # (each recording's times count from its own start: put them on the first one's clock)
     stacks = [t for rec, ev in events if not rec.gil for t in threads_of(ev, rec.offset_us(recs[0]))]
