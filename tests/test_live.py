@@ -250,3 +250,16 @@ def test_servescope_serves_own_runtime_is_the_server_and_its_model_call_is_in_a_
     assert in_request(frames(worker + FORWARD)) and stage_of(frames(worker + FORWARD)) == "infer"
     pusher = [("Thread.run", f"{STD}/threading.py", 982), ("ServescopeReplica._pusher", str(ours / "serve/ray_serve.py"), 172)]
     assert not in_request(frames(pusher))  # the runtime's own housekeeping is nobody's request
+
+
+def test_a_loop_in_python_code_without_the_gil_is_waiting_for_it_not_working():
+    # the loop thread sits in FastAPI's serializer for 100 ms while worker threads hold the GIL
+    stack = REQ + ENCODE
+    loop = events([(0, stack), (100, [])])
+    waiting = analyse(threads_of(loop), gil=threads_of(events([(0, stack), (20, [])])))  # it held the GIL 20 ms of 100
+    working = analyse(threads_of(loop), gil=threads_of(events([(0, stack), (100, [])])))
+    assert waiting.loop_busy_ms == 0.0 and waiting.loop_longest_ms == 0.0
+    assert working.loop_busy_ms == 100.0 and working.loop_longest_ms == 100.0
+    # a forward releases the GIL and still works: native stages count whoever holds it
+    native = analyse(threads_of(events([(0, REQ + [HANDLER] + FORWARD), (100, [])])), gil=[])
+    assert native.loop_busy_ms == 100.0

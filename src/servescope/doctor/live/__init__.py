@@ -83,7 +83,14 @@ class LiveOptions:
 
 
 def _gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists() if os.path.isdir("/proc") else False
+    """The process ended (a zombie its parent has not reaped yet has ended too)."""
+    if not os.path.isdir("/proc"):
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 @dataclass
@@ -97,6 +104,7 @@ class Phase:
     cores_busy: float | None
     cores_waiting: float | None
     threads_busy: int | None  # threads (native ones too) that used a tenth of a core or more
+    held: list[Thread]  # the threads recorded holding the GIL, on the same clock
 
 
 def _check_alive(live: LiveOptions) -> None:
@@ -124,7 +132,7 @@ def _record(live: LiveOptions, pids: list[int], during: Callable[[], Any]) -> Ph
     # (each recording's times count from its own start: put them on the first one's clock)
     stacks = [t for rec, ev in events if not rec.gil for t in threads_of(ev, rec.offset_us(recs[0]))]
     held = [t for rec, ev in events if rec.gil for t in threads_of(ev, rec.offset_us(recs[0]))]
-    return Phase(stacks, result, seconds, gil_busy_share(held, seconds), busy, waiting, threads)
+    return Phase(stacks, result, seconds, gil_busy_share(held, seconds), busy, waiting, threads, held)
 
 
 def diagnose_pid(
@@ -167,8 +175,8 @@ def diagnose_pid(
     machine.cores_idle, others, machine.cpu_pressure = cpu.since()
     served, _, _ = target_cpu.since()  # (the server is another process: its CPU is not the others')
     machine.others_cores = round(max(others - (served or 0.0), 0.0), 2) if others is not None else None
-    samples = analyse(seq_threads)
-    conc_samples = analyse(conc_threads) if conc_threads else samples
+    samples = analyse(seq_threads, gil=first_phase.held)
+    conc_samples = analyse(conc_threads, gil=conc_phase.held) if conc_threads else samples
     report = _report(live, samples, seq, options)
     report.meta["live"] = {
         "pid": live.pid, "pids": live.roots, "workers": workers, "threads_at_attach": sum(x["threads"] for x in seen), "rate_hz": live.rate,

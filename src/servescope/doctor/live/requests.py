@@ -78,8 +78,26 @@ def _hot(frames: tuple[Frame, ...]) -> tuple[str, bool]:
     return (frames[-1].where(), False) if frames else ("", False)
 
 
-def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
-    """The recording's threads, analysed (``join_us``: spans closer than this are one request)."""
+#: Stages whose time is native code that runs without the GIL (a thread in them works even
+#: when it does not hold the GIL); in the others, a thread without the GIL waits for it
+_NATIVE = ("infer", "load", "to_device", "to_host", "preprocess")
+
+
+def _held(gil: list[Thread] | None) -> dict[tuple[int, int], list[tuple[int, int]]] | None:
+    if gil is None:
+        return None
+    return {(t.pid, t.tid): [(s.t0_us, s.t1_us) for s in t.spans] for t in gil}
+
+
+def _overlap(t0: int, t1: int, spans: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(t1, b) - max(t0, a)) for a, b in spans if a < t1 and b > t0)
+
+
+def analyse(threads: list[Thread], join_us: int = 15_000, gil: list[Thread] | None = None) -> Samples:
+    """The recording's threads, analysed (``join_us``: spans closer than this are one request).
+    ``gil``: the same threads recorded holding the GIL (py-spy --gil), on the same clock: an
+    event loop's thread in Python code without the GIL is waiting for it, not working."""
+    held = _held(gil)
     out = Samples(processes=len({t.pid for t in threads}), threads=len(threads))
     if not threads:
         return out
@@ -94,7 +112,7 @@ def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
         loop = is_loop_thread(th)
         loop_hot: Counter[str] = Counter()
         prev_stage, prev_end = "", -1
-        busy_from = busy_to = -1
+        busy_from = busy_to = -(10**15)  # (no busy run yet)
         for s in th.spans:
             busy = in_request(s.frames)
             stage = stage_of(s.frames) if busy else ""
@@ -114,8 +132,11 @@ def analyse(threads: list[Thread], join_us: int = 15_000) -> Samples:
             if not loop:
                 continue
             out.loop_ms += s.ms
-            if busy:  # the loop ran the request's code instead of waking other tasks
-                out.loop_busy_ms += s.ms
+            working = s.t1_us - s.t0_us
+            if busy and held is not None and stage not in _NATIVE:  # (Python code: working only while it holds the GIL)
+                working = _overlap(s.t0_us, s.t1_us, held.get((th.pid, th.tid), []))
+            if busy and working * 2 >= s.t1_us - s.t0_us:  # the loop ran the request's code instead of waking other tasks
+                out.loop_busy_ms += working / 1000
                 loop_hot[_hot(s.frames)[0]] += s.t1_us - s.t0_us
                 busy_from = busy_from if 0 <= s.t0_us - busy_to <= _GAP_US else s.t0_us
                 busy_to = s.t1_us
