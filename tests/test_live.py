@@ -230,13 +230,14 @@ def test_more_busy_threads_than_cpus_that_wait_for_one_are_named_from_outside():
     from servescope.doctor.evidence import Concurrent, Machine
     from servescope.rules.concurrency import thread_oversubscription
 
-    def ev(busy, waiting):
-        conc = Concurrent(concurrency=4, threads_busy=busy, cpu_wait_cores=waiting, processes=2, cpu_cores_busy=1.9)
+    def ev(busy, waiting, cores=1.9):
+        conc = Concurrent(concurrency=4, threads_busy=busy, cpu_wait_cores=waiting, processes=2, cpu_cores_busy=cores)
         return Evidence(target_kind="pid", concurrent=conc, machine=Machine(cpus_available=2.0, others_cores=0.0))
 
     [f] = thread_oversubscription(ev(6, 1.4))
     assert f.severity == "high" and f.saving_ms is None and "torch.set_num_threads(1)" in f.fix and "cannot be seen from outside" in f.detail
     assert thread_oversubscription(ev(6, 0.1)) == [] and thread_oversubscription(ev(2, 1.4)) == []
+    assert thread_oversubscription(ev(6, 1.4, cores=1.0)) == []  # threads taking turns on the GIL leave the CPUs free
 
 
 def test_servescope_serves_own_runtime_is_the_server_and_its_model_call_is_in_a_request():

@@ -331,10 +331,11 @@ def _threads_from_outside(ev: Evidence) -> list[Finding]:
     cpus = ev.machine.cpus_available if ev.machine is not None else None
     if busy is None or waiting is None or not cpus:
         raise ev.missing_error("environment", "the process's threads are not visible from outside")
-    if busy <= cpus or waiting < THREAD_WAIT_CORES:
-        return []
     others = ev.machine.others_cores if ev.machine is not None and ev.machine.others_cores is not None else 0.0
-    share = max(1, int((cpus - others if others >= BUSY_CORES else cpus) + 0.5) // max(conc.processes or 1, 1))
+    free = cpus - others if others >= BUSY_CORES else cpus
+    if busy <= cpus or waiting < THREAD_WAIT_CORES or (conc.cpu_cores_busy or 0.0) < GIL_CORES * free:
+        return []  # (threads that take turns on the GIL are many and busy, but leave the CPUs free)
+    share = max(1, int(free + 0.5) // max(conc.processes or 1, 1))
     evidence = {"threads_busy": busy, "cpus_available": cpus, "cpu_wait_cores": waiting, "processes": conc.processes, "cpu_cores_busy": conc.cpu_cores_busy}
     if others >= BUSY_CORES:
         evidence["others_cores"] = round(others, 2)
