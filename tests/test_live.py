@@ -264,3 +264,19 @@ def test_a_loop_in_python_code_without_the_gil_is_waiting_for_it_not_working():
     # a forward releases the GIL and still works: native stages count whoever holds it
     native = analyse(threads_of(events([(0, REQ + [HANDLER] + FORWARD), (100, [])])), gil=[])
     assert native.loop_busy_ms == 100.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["doctor", "app.py:app", "--pid", "12"], "without a TARGET"),
+        (["doctor", "--url", "http://127.0.0.1:9/p", "--flames", "d"], "go with --pid"),
+        (["doctor", "--pid", "12", "--url", "http://127.0.0.1:9/p", "--duration", "5s"], "does not go with --url"),
+    ],
+)
+def test_options_that_do_not_go_together_are_one_line_and_exit_2(args, message, capsys):
+    from servescope.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

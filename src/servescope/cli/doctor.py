@@ -76,6 +76,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("give a TARGET (path/to/file.py:name), --url URL or --pid PID")
     if args.pid is None and (args.flames or args.rate != 100):
         raise ConfigError("--flames and --rate go with --pid")
+    if args.duration != 30.0 and (args.pid is None or args.url):
+        raise ConfigError("--duration is how long --pid samples the server's own traffic: it does not go with --url, and needs --pid")
     if args.body and args.file:
         raise ConfigError("--file sends a form upload as the body: it does not go with --body")
     if args.method == "GET" and (args.body or args.file):
