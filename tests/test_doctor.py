@@ -346,3 +346,21 @@ def test_a_model_built_then_loaded_is_load_up_to_its_loader_not_preprocessing():
     inside = {"first_init_ns": 10 * ms, "last_init_ns": 11 * ms, "load_windows": [(9 * ms, 12 * ms), (20 * ms, 21 * ms)]}
     assert construction_window(inside) == (10 * ms, 11 * ms)
     assert construction_window({}) is None
+
+
+def test_the_batch_probe_interleaves_sizes_so_a_burst_of_contention_slows_each_of_them_alike():
+    from servescope.doctor.batchprobe import batch_probe
+
+    calls = [0]
+
+    def replay(b):
+        def call():
+            calls[0] += 1
+            # per call 2 ms + 0.15 ms a row; the last third of the probe's calls run beside a
+            # neighbour's burst (+30 ms): timed size by size, batch 4 would see only the burst
+            time.sleep(0.002 + 0.00015 * b + (0.03 if 21 <= calls[0] <= 30 else 0.0))
+
+        return call
+
+    probe = batch_probe(None, replay, None, (1, 2, 4))
+    assert probe.best_batch == 4 and probe.gain is not None and probe.gain > 2.0, probe.per_item_ms

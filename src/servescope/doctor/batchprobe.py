@@ -22,6 +22,21 @@ def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
     return min(times) * 1000
 
 
+def _best_each(calls: dict[str, Callable[[], Any]], repeat: int = 9) -> dict[str, float]:
+    """Each call's best time (ms) over ``repeat`` rounds that run every call once, in turn: a
+    burst of contention on a busy machine (a neighbour taking a core) then slows one round of
+    every call, not every repeat of one of them."""
+    for fn in calls.values():
+        fn()
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(repeat):
+        for key, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            best[key] = min(best[key], time.perf_counter() - t0)
+    return {k: v * 1000 for k, v in best.items()}
+
+
 def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: Any, sizes: tuple[int, ...]) -> BatchProbe:
     """Time a captured model call at several batch sizes (``replay(b)`` builds the call with
     the first row replicated ``b`` times), under ``inference_mode`` for torch. For a torch
@@ -31,8 +46,8 @@ def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: A
     out = BatchProbe()
     try:
         with quiet():
-            for b in sizes:
-                out.per_item_ms[str(b)] = round(_best_ms(replay(b)) / b, 4)
+            times = _best_each({str(b): replay(b) for b in sizes})
+            out.per_item_ms = {str(b): round(times[str(b)] / b, 4) for b in sizes}
         per_item = out.per_item_ms
         best = min(per_item, key=per_item.__getitem__)
         out.best_batch = int(best)
