@@ -179,7 +179,7 @@ def diagnose_pid(
     conc_samples = analyse(conc_threads, gil=conc_phase.held) if conc_threads else samples
     report = _report(live, samples, seq, options)
     report.meta["live"] = {
-        "pid": live.pid, "pids": live.roots, "workers": workers, "threads_at_attach": sum(x["threads"] for x in seen), "rate_hz": live.rate,
+        "pid": live.pid, "pids": live.roots, "workers": workers, "threads_at_attach": sum(seen), "rate_hz": live.rate,
         "mode": "active" if live.url else "passive", "seconds_sampled": samples.seconds + (conc_samples.seconds if conc_threads else 0.0),
         "requests_told_apart": len(samples.requests), "timed_one_by_one": bool(seq is not None and seq.paced),
         "stage_ms_sampled": samples.stage_ms, "load_spread": samples.load_spread, "busy_fraction": samples.busy_fraction,

@@ -28,8 +28,6 @@ class Samples:
     """The analysis of one recording (or one phase of it)."""
 
     seconds: float = 0.0
-    processes: int = 0
-    threads: int = 0
     #: time in requests by stage, every thread and process summed, ms
     stage_ms: dict[str, float] = field(default_factory=dict)
     #: each request told apart: its stages in ms, and its start and end (us)
@@ -98,7 +96,7 @@ def analyse(threads: list[Thread], join_us: int = 15_000, gil: list[Thread] | No
     ``gil``: the same threads recorded holding the GIL (py-spy --gil), on the same clock: an
     event loop's thread in Python code without the GIL is waiting for it, not working."""
     held = _held(gil)
-    out = Samples(processes=len({t.pid for t in threads}), threads=len(threads))
+    out = Samples()
     if not threads:
         return out
     t_min = min(t.spans[0].t0_us for t in threads)
@@ -122,13 +120,14 @@ def analyse(threads: list[Thread], join_us: int = 15_000, gil: list[Thread] | No
             if stage in _COUNTED and not (joined and stage == prev_stage):
                 _count(out, stage, loop, s.frames, loads)
             prev_stage, prev_end = stage, s.t1_us
+            where = _hot(s.frames) if busy else ("", False)
             if busy:
                 work.append((s, stage, loop))
                 out.request_ms_by_pid[th.pid] = out.request_ms_by_pid.get(th.pid, 0.0) + s.ms
                 if not loop:
-                    workers_hot[_hot(s.frames)[0]] += s.t1_us - s.t0_us
+                    workers_hot[where[0]] += s.t1_us - s.t0_us
                 out.stage_ms[stage] = out.stage_ms.get(stage, 0.0) + s.ms
-                hot[stage][_hot(s.frames)] += s.t1_us - s.t0_us
+                hot[stage][where] += s.t1_us - s.t0_us
             if not loop:
                 continue
             out.loop_ms += s.ms
@@ -137,7 +136,7 @@ def analyse(threads: list[Thread], join_us: int = 15_000, gil: list[Thread] | No
                 working = _overlap(s.t0_us, s.t1_us, held.get((th.pid, th.tid), []))
             if busy and working * 2 >= s.t1_us - s.t0_us:  # the loop ran the request's code instead of waking other tasks
                 out.loop_busy_ms += working / 1000
-                loop_hot[_hot(s.frames)[0]] += s.t1_us - s.t0_us
+                loop_hot[where[0]] += s.t1_us - s.t0_us
                 busy_from = busy_from if 0 <= s.t0_us - busy_to <= _GAP_US else s.t0_us
                 busy_to = s.t1_us
                 out.loop_longest_ms = max(out.loop_longest_ms, (busy_to - busy_from) / 1000)

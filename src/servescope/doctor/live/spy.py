@@ -62,10 +62,9 @@ def _why_not(pid: int, stderr: str) -> str:
     return f"py-spy could not attach to process {pid}: {said.strip()}"
 
 
-def check_target(pid: int, timeout_s: float = 15.0) -> dict[str, Any]:
+def check_target(pid: int, timeout_s: float = 15.0) -> int:
     """One stack dump (``py-spy dump --json``): proves the doctor may attach and that the
-    process runs Python, before anything else happens. Returns what the dump said of the
-    main process (its threads)."""
+    process runs Python, before anything else happens. Returns its Python threads' count."""
     if pid <= 0:
         raise AttachError(f"--pid must be a process id, got {pid}")
     if pid == os.getpid():
@@ -82,7 +81,7 @@ def check_target(pid: int, timeout_s: float = 15.0) -> dict[str, Any]:
         threads = orjson.loads(done.stdout)
     except orjson.JSONDecodeError:
         raise AttachError(f"py-spy's dump of process {pid} was not JSON: {done.stdout[:200]!r}") from None
-    return {"threads": len(threads), "names": sorted({t.get("thread_name") or "" for t in threads} - {""})}
+    return len(threads)
 
 
 def worker_pids(pid: int) -> list[int]:

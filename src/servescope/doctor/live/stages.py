@@ -169,7 +169,7 @@ _LINE_LOADS = (("torch.load", "torch.load"), ("joblib.load", "joblib.load"), ("p
 
 def load_label(frames: tuple[Frame, ...]) -> str:
     """What a stack in the load stage is loading, by the fixes' names."""
-    for f in frames[_entry(frames):]:
+    for f in frames[_entry(frames) or 0 :]:
         for match, label in LOAD_LABELS:
             if match(f):
                 return label
@@ -196,21 +196,20 @@ def handler_index(frames: tuple[Frame, ...]) -> int | None:
     return None
 
 
-def in_request(frames: tuple[Frame, ...]) -> bool:
-    if handler_index(frames) is not None:
-        return True
-    return any(package(f.file) == pkg and f.name.startswith(prefix) for f in frames for pkg, prefix in REQUEST_FRAMES)
-
-
-def _entry(frames: tuple[Frame, ...]) -> int:
-    """Where a request's own work starts on the stack: its handler, else the framework's frame."""
+def _entry(frames: tuple[Frame, ...]) -> int | None:
+    """Where a request's own work starts on the stack: its handler, else the framework's
+    request frame; None when the stack is in no request."""
     h = handler_index(frames)
     if h is not None:
         return h
     for i, f in enumerate(frames):
         if any(package(f.file) == pkg and f.name.startswith(prefix) for pkg, prefix in REQUEST_FRAMES):
             return i
-    return 0
+    return None
+
+
+def in_request(frames: tuple[Frame, ...]) -> bool:
+    return _entry(frames) is not None
 
 
 def line_text(f: Frame) -> str:
@@ -219,7 +218,7 @@ def line_text(f: Frame) -> str:
 
 def stage_of(frames: tuple[Frame, ...]) -> str:
     """The stage of a stack in a request (see the module's notes); "other" when no rule names it."""
-    for f in frames[_entry(frames):]:
+    for f in frames[_entry(frames) or 0 :]:
         for stage, match in STAGE_FRAMES.items():
             if match(f):
                 return stage
