@@ -465,3 +465,30 @@ def test_the_batching_and_warm_up_fixes_are_written_for_the_stack_seen(kinds, ba
     for fix, says in ((batch_fix(kinds), batch_says), (warmup_fix(kinds), warm_says)):
         assert says in fix and not_says not in fix.replace("servescope", "")
         compile(fix, "<fix>", "exec")  # it is Python
+
+
+@pytest.mark.parametrize(
+    "kinds, calls, says, not_says",
+    [
+        (["scikit-learn"], ["TfidfVectorizer.transform"], "FIXED = tfidf_vectorizer.transform(FIXED_INPUT)", "embed"),
+        (["scikit-learn"], ["XGBClassifier.predict_proba"], "xgb_classifier.predict_proba(", "torch"),
+        (["onnxruntime"], ["InferenceSession.run"], "session.run(None, fixed_feed)", "torch"),
+        (["sentence-transformers", "torch"], ["SentenceTransformer.encode"], "model.encode(CORPUS", "inference_mode"),
+        (["torch"], [], "torch.inference_mode()", "encode"),
+    ],
+)
+def test_the_compute_once_fix_names_the_call_that_repeats_in_its_own_library(kinds, calls, says, not_says):
+    from servescope.rules.idioms import repeated_fix
+
+    fix = repeated_fix(kinds, calls)
+    assert says in fix and not_says not in fix
+    compile(fix, "<fix>", "exec")
+
+
+def test_a_vectorisers_batch_is_its_texts_in_one_call_not_stacked_rows():
+    from servescope.rules.idioms import batch_fix
+
+    fix = batch_fix(["scikit-learn"], ["TfidfVectorizer.transform", "RandomForestClassifier.predict_proba"])
+    assert "tfidf_vectorizer.transform(all_texts)" in fix and "random_forest_classifier.predict_proba(np.vstack(rows))" in fix
+    assert "forest" not in fix.split("random_forest")[0]
+    compile(fix, "<fix>", "exec")

@@ -63,6 +63,8 @@ class Forwards:
     mean_ms: float | None = None
     modules: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # torch, onnxruntime, scikit-learn ...
+    #: the calls outside torch's modules, as ``Class.method`` (``RandomForestClassifier.predict_proba``)
+    calls: list[str] = field(default_factory=list)
     pad_share: float | None = None  # mean share of padding in the calls' attention masks
     padding_ms_per_request: float | None = None  # each masked call's time x its padding share, per request
 
@@ -76,6 +78,9 @@ class Repeated:
     ms_per_request: float = 0.0
     modules: list[str] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
+    #: the libraries of those calls (torch, scikit-learn ...) and, outside torch, ``Class.method``
+    kinds: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -19,7 +19,13 @@ __all__ = ["LATE_LIBRARIES", "StackProbes"]
 
 #: Modules whose import, when it comes after the probes were installed, attaches their probes
 #: (doctor/late.py): an endpoint may import its model library inside the handler.
-LATE_LIBRARIES = ("sklearn", "onnxruntime", "sentence_transformers", "transformers.", "joblib", "safetensors")
+LATE_LIBRARIES = ("sklearn", "onnxruntime", "sentence_transformers", "transformers.", "joblib", "safetensors", "xgboost", "lightgbm")
+#: Gradient-boosting libraries' own model classes (beside their scikit-learn estimators, probed
+#: as scikit-learn's): the loader and the calls of each, by module and class.
+_BOOSTERS = (
+    ("xgboost.core", "Booster", "xgboost", ("predict", "inplace_predict"), "load_model", "xgboost.Booster.load_model"),
+    ("lightgbm.basic", "Booster", "lightgbm", ("predict",), "__init__", "lightgbm.Booster()"),
+)
 #: Where transformers defines the classes whose loaders and calls are probed (looked up there,
 #: not on the lazy top-level package, which would import them all).
 _TRANSFORMERS = (
@@ -68,6 +74,7 @@ class StackProbes:
                         self._patch(cls, name, wrap(attr, "scikit-learn", _first_arg, _first_arg_replay(name)))
                     elif callable(getattr(attr, "fn", None)):  # sklearn's available_if descriptor (Pipeline)
                         self._patch(attr, "fn", wrap(attr.fn, "scikit-learn", _first_arg, _first_arg_replay(name)))
+        self._install_boosters()
         st = sys.modules.get("sentence_transformers")
         if st is not None and hasattr(st, "SentenceTransformer"):
             cls = st.SentenceTransformer
@@ -158,6 +165,19 @@ class StackProbes:
 
         self._patch(ThreadPoolExecutor, "submit", submit)
 
+    def _install_boosters(self) -> None:
+        """XGBoost's and LightGBM's own ``Booster``: its loader (``load_model``, or LightGBM's
+        ``Booster(model_file=...)``) and its calls on a DMatrix or an array."""
+        for module, cls_name, kind, calls, loader, label in _BOOSTERS:
+            cls = getattr(sys.modules.get(module), cls_name, None)
+            if cls is None:
+                continue
+            if callable(cls.__dict__.get(loader)):
+                self._patch(cls, loader, self._loader(cls.__dict__[loader], label))
+            for name in calls:
+                if callable(cls.__dict__.get(name)):
+                    self._patch(cls, name, self._model_call(cls.__dict__[name], kind, _first_arg, _first_arg_replay(name) if name != "predict" or kind != "xgboost" else None))
+
     def _model_call(
         self,
         original: Callable[..., Any],
@@ -184,7 +204,7 @@ class StackProbes:
                 _in_model_call.reset(token)
             try:
                 inputs = inputs_of(args, kwargs)
-                record = {"module": type(self_).__name__, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
+                record = {"module": type(self_).__name__, "method": original.__name__, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
                 record.update(probes._describe_call(inputs, (time.perf_counter_ns() - t0) / 1e6))
                 record["grad"] = False
                 probes._record_forward(record)

@@ -84,6 +84,7 @@ def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> F
         mean_ms=round(statistics.mean(timed), 4) if timed else None,
         modules=sorted({f["module"] for f in forwards}),
         kinds=sorted({f.get("kind", "torch") for f in forwards}),
+        calls=sorted({f"{f['module']}.{f['method']}" for f in forwards if f.get("method")}),
         pad_share=round(statistics.mean(pads), 4) if pads else None,
         padding_ms_per_request=round(statistics.mean(padded), 3) if pads and padded else None,
     )
@@ -100,6 +101,8 @@ def repeated_of(ok: list[Observation], varied: Observation) -> tuple[Repeated, f
             ms_per_request=round(statistics.mean(sum(f.get("ms", 0.0) for f in c) for c in calls), 3) if calls else 0.0,
             modules=sorted({f["module"] for c in calls for f in c}),
             batch_sizes=sorted({f["batch"] for c in calls for f in c if f.get("batch") is not None}),
+            kinds=sorted({f.get("kind", "torch") for c in calls for f in c}),
+            calls=sorted({f"{f['module']}.{f['method']}" for c in calls for f in c if f.get("method")}),
         ),
         constant,
     )

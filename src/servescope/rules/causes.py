@@ -13,7 +13,7 @@ from typing import Any
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
-from .idioms import load_once_fix, warmup_fix
+from .idioms import load_once_fix, repeated_fix, warmup_fix
 from .savings import measured_or_estimated, severity
 
 #: Thresholds (docs/doctor.md).
@@ -394,14 +394,7 @@ def repeated_work(ev: Evidence) -> list[Finding]:
                 "modules": ", ".join(r.modules),
                 "batch_sizes": r.batch_sizes,
             },
-            fix=(
-                "# its inputs do not depend on the request: compute it once, at start-up\n"
-                "CORPUS_EMBEDDINGS = embed(CORPUS)          # at import, or in the app's lifespan\n\n"
-                "def search(q):\n"
-                "    query = embed([q.text])                # only what the request changes\n"
-                "    scores = CORPUS_EMBEDDINGS @ query.T\n"
-                "# or cache by input: functools.lru_cache on a function of hashable arguments"
-            ),
+            fix=repeated_fix(r.kinds, r.calls),
             saving_ms=saving.ms,
             detail="Its inputs (shape, dtype and a sample of the values) were the same in every request, "
             "including one sent with the payload's texts and numbers changed. " + saving.detail,

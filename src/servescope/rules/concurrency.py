@@ -83,7 +83,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
                 "best_batch": probe.best_batch,
                 "per_item_gain": probe.gain,
             },
-            fix=batch_fix(fwd.kinds),
+            fix=batch_fix(fwd.kinds, fwd.calls),
             saving_ms=saving.ms or None,
             detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1. "
             + saving.detail,
