@@ -234,3 +234,41 @@ def test_a_tensor_sent_in_the_body_and_loaded_is_the_requests_data_not_a_model_l
     warm = rep.diagnosis.evidence["warm"]
     assert "model-load-per-request" not in ids(rep), rep.findings
     assert warm["loads_per_request"] == 0 and warm["data_loads_per_request"] == 1.0
+
+
+# -- hot spots by time, and the user's own line (#23) ---------------------------------------------
+
+
+def test_a_hot_spot_is_ranked_by_the_time_its_samples_stand_for_not_their_count():
+    """The sampler needs the GIL to look: while a Python loop holds it, a sweep comes late and
+    stands for all the time since the last; a C call that releases the GIL is seen at every
+    sweep. Ten 2 ms sweeps in the C call (20 ms) rank below five late 10 ms ones in Python (50 ms)."""
+    from servescope.doctor.sampler import StackSampler
+
+    sampler = StackSampler()
+    ms = 1_000_000
+    t = 0
+    for _ in range(5):
+        t += 10 * ms
+        sampler.samples.append((t, 1, "app.py:12 preprocess", 10 * ms))
+    for _ in range(10):
+        t += 2 * ms
+        sampler.samples.append((t, 1, "numpy/core/numeric.py:100 convolve", 2 * ms))
+    hot = sampler.hot_spots({"preprocess": [(0, t)]})["preprocess"]
+    assert hot.startswith("app.py:12 preprocess (71% of the time, 15 samples)")
+
+
+def test_the_users_own_hot_line_gets_the_idiom_that_replaces_it(tmp_path):
+    from servescope.doctor.sampler import StackSampler
+
+    src = tmp_path / "imgapp.py"
+    src.write_text("def f(img):\n    pixels = np.array(list(img.getdata()))\n    return pixels\n")
+    sampler = StackSampler()
+    short = sampler._short(str(src))
+    line = sampler.line_of(f"{short}:2 f (80% of the time, 40 samples)")
+    assert line == "pixels = np.array(list(img.getdata()))"
+    fix = fix_for_hot_spot("preprocess", f"{short}:2 f (80% of the time, 40 samples)", True, line)
+    assert "np.asarray(img" in fix and "getdata" in fix and "corpus_embeddings" not in fix
+    assert sampler.line_of("torch/nn/modules/linear.py:125 forward (50% of the time, 9 samples)") is None
+    loop = fix_for_hot_spot("postprocess", "app.py:9 f (60% of the time, 9 samples)", True, "for i in range(len(scores)):")
+    assert "numpy" in loop and "corpus_embeddings" not in loop

@@ -200,6 +200,17 @@ def test_slow_stages_name_the_hot_spot():
     assert "jsonable_encoder" in f.evidence["hot_spot"] and "orjson" in f.fix
 
 
+def test_a_slow_stage_is_judged_and_sized_by_the_median_request_not_a_few_slow_ones():
+    ev = healthy(p50_ms=4.0)
+    # two requests of 100 ms (a pause) lift the mean to 6.6 ms; the typical request spends 2.6 ms here
+    ev.stages = {"preprocess": {"mean_ms": 6.6, "p50_ms": 2.6, "p95_ms": 3.7, "share": 0.81}}
+    [f] = diagnose_evidence(ev).findings
+    assert f.id == "slow-preprocess" and f.severity == "high" and f.saving_ms == pytest.approx(2.08)
+    assert f.evidence["share"] == pytest.approx(0.65) and "median request" in f.detail
+    ev.stages = {"preprocess": {"mean_ms": 6.6, "p50_ms": 0.8, "p95_ms": 1.0, "share": 0.81}}
+    assert diagnose_evidence(ev).findings == []  # the median request's share is 20%: not a slow stage
+
+
 def test_cold_start_is_paid_once_not_per_request():
     [f] = diagnose_evidence(healthy(cold__latency_ms=900.0, cold__repeat_ms=950.0)).findings
     assert f.saving_per == "first request" and f.saving_ms == pytest.approx(898.0)

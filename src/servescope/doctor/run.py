@@ -437,6 +437,7 @@ class _Run:
             ),
             hot_spots=hot,
             hot_spots_in_user_code={k: self.sampler.is_user_code(v) for k, v in hot.items()},
+            hot_lines={k: line for k, v in hot.items() if (line := self.sampler.line_of(v))},
             seconds=round(time.perf_counter() - self.started, 2),
             missing=self.missing,
             probes_disabled=dict(self.probes.disabled),

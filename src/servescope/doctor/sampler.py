@@ -1,7 +1,7 @@
 """A small sampling profiler: where each thread is, every couple of milliseconds.
 
-It answers three of the doctor's questions: the hot spot inside a slow stage (samples that
-fall in the stage's time windows), whether the event loop's own thread was running code or
+It answers three of the doctor's questions: the hot spot inside a slow stage (the time of
+the samples that fall in the stage's time windows), whether the event loop's own thread was running code or
 waiting (samples of that thread), and whether the GIL is held by Python code (how late the
 sampler itself wakes up: a thread that only wants the GIL gets it late when other threads
 are busy in Python, on time when they run native code that releases it).
@@ -10,6 +10,7 @@ are busy in Python, on time when they run native code that releases it).
 from __future__ import annotations
 
 import bisect
+import linecache
 import os
 import statistics
 import sys
@@ -32,13 +33,18 @@ class StackSampler:
 
     def __init__(self, interval: float = 0.002) -> None:
         self.interval = interval
-        #: (time ns, thread id, where or None when waiting)
-        self.samples: list[tuple[int, int, str | None]] = []
+        #: (time ns, thread id, where or None when waiting, the time since the sweep before, ns):
+        #: the sampler needs the GIL to look, so while pure-Python code holds it a sweep comes
+        #: late and stands for all the time since the last one; hot spots count that time, not
+        #: samples (a C call that releases the GIL would otherwise be seen more often than a
+        #: Python loop that runs longer)
+        self.samples: list[tuple[int, int, str | None, int]] = []
         #: (time ns, how late the sampler woke, ms)
         self.lateness: list[tuple[int, float]] = []
         self._names: dict[str, str] = {}
         #: short names of the files sampled that are the user's own (not under site-packages or the stdlib)
         self.user_files: set[str] = set()
+        self._user_paths: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="servescope-sampler")
 
@@ -53,15 +59,18 @@ class StackSampler:
     def _run(self) -> None:
         me = threading.get_ident()
         interval_ns = int(self.interval * 1e9)
+        last = time.perf_counter_ns()
         while True:
             asked = time.perf_counter_ns()
             if self._stop.wait(self.interval):
                 return
             now = time.perf_counter_ns()
             self.lateness.append((now, max(0, now - asked - interval_ns) / 1e6))
+            dt = min(now - last, 50 * interval_ns)  # (capped: a sampler stopped for long says little of that time)
+            last = now
             for tid, frame in sys._current_frames().items():
                 if tid != me:
-                    self.samples.append((now, tid, self._where(frame)))
+                    self.samples.append((now, tid, self._where(frame), dt))
 
     def _where(self, frame: Any) -> str | None:
         if frame.f_code.co_filename.endswith(self._IDLE):  # a thread waiting, not working
@@ -89,16 +98,28 @@ class StackSampler:
             self._names[name] = short
             if lib is None and not name.startswith("<"):
                 self.user_files.add(short)
+                self._user_paths[short] = name
         return short
 
     def is_user_code(self, hot_spot: str) -> bool:
         """Whether the top frame of a hot spot is in the user's own files (not a library's)."""
         return hot_spot.split(":", 1)[0] in self.user_files
 
+    def line_of(self, hot_spot: str) -> str | None:
+        """The source text of a hot spot's top line when it is the user's own (``x = np.array(list(img.getdata()))``)."""
+        where = hot_spot.split(" ", 1)[0]
+        short, _, line = where.rpartition(":")
+        path = self._user_paths.get(short)
+        if path is None or not line.isdigit():
+            return None
+        return linecache.getline(path, int(line)).strip() or None
+
     @staticmethod
-    def _top(counts: dict[str, int], n: int, top: int) -> str:
+    def _top(counts: dict[str, int], n: int, top: int, samples: int | None = None) -> str:
+        """The ``top`` frames by their time (``counts``: ns, of ``n`` in all) and, said beside,
+        the samples they come from."""
         best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
-        return "; ".join(f"{w} ({c * 100 // n}% of {n} samples)" for w, c in best)
+        return "; ".join(f"{w} ({c * 100 // n}% of the time, {samples or n} samples)" for w, c in best)
 
     def hot_spots(self, windows: dict[str, list[tuple[int, int]]], top: int = 2) -> dict[str, str]:
         """Per stage: the top frames among the working samples inside its windows."""
@@ -109,24 +130,25 @@ class StackSampler:
             spans = sorted(spans)
             starts = [lo for lo, _ in spans]
             counts: dict[str, int] = {}
-            n = 0
-            for t, _, where in self.samples:
+            n = total = 0
+            for t, _, where, dt in self.samples:
                 if where is None:
                     continue
                 i = bisect.bisect_right(starts, t) - 1
                 if i >= 0 and t <= spans[i][1]:
-                    counts[where] = counts.get(where, 0) + 1
+                    counts[where] = counts.get(where, 0) + dt
+                    total += dt
                     n += 1
             if n:
-                out[stage_name] = self._top(counts, n, top)
+                out[stage_name] = self._top(counts, total, top, n)
         return out
 
     def loop_activity(self, tid: int, start_ns: int, end_ns: int) -> LoopActivity:
         """How the event loop's thread spent ``[start_ns, end_ns]``."""
-        mine = [(t, w) for t, tt, w in self.samples if tt == tid and start_ns <= t <= end_ns]
-        busy = [(t, w) for t, w in mine if w is not None]
+        mine = [(t, w, dt) for t, tt, w, dt in self.samples if tt == tid and start_ns <= t <= end_ns]
+        busy = [(t, w, dt) for t, w, dt in mine if w is not None]
         longest, run_start = 0.0, None
-        for t, w in mine:
+        for t, w, _ in mine:
             if w is None:
                 run_start = None
                 continue
@@ -134,25 +156,26 @@ class StackSampler:
                 run_start = t
             longest = max(longest, (t - run_start) / 1e6 + self.interval * 1000)
         counts: dict[str, int] = {}
-        for _, w in busy:
-            counts[w] = counts.get(w, 0) + 1  # type: ignore[index]
+        for _, w, dt in busy:
+            counts[w] = counts.get(w, 0) + dt  # type: ignore[index]
         return LoopActivity(
             samples=len(mine),
             busy_samples=len(busy),
             busy_share=round(len(busy) / len(mine), 3) if mine else 0.0,
             longest_busy_ms=round(longest, 2),
-            hot_spot=self._top(counts, len(busy), 2) if busy else "",
+            hot_spot=self._top(counts, sum(counts.values()), 2, len(busy)) if busy else "",
         )
 
     def threads_hot_spot(self, start_ns: int, end_ns: int, exclude: set[int], top: int = 2) -> str:
         """The top frames of the working samples of every thread not in ``exclude``."""
         counts: dict[str, int] = {}
-        n = 0
-        for t, tid, where in self.samples:
+        n = total = 0
+        for t, tid, where, dt in self.samples:
             if where is not None and tid not in exclude and start_ns <= t <= end_ns:
-                counts[where] = counts.get(where, 0) + 1
+                counts[where] = counts.get(where, 0) + dt
+                total += dt
                 n += 1
-        return self._top(counts, n, top) if n else ""
+        return self._top(counts, total, top, n) if n else ""
 
     def gil_wait_p50_ms(self, start_ns: int, end_ns: int) -> float | None:
         """The median of how late the sampler woke in the window: the time a thread that
