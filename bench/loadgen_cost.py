@@ -1,6 +1,7 @@
 """The load generator's own CPU per request, against wrk and a bare Python client, same run.
 
     python bench/loadgen_cost.py [--seconds 5]
+    python bench/loadgen_cost.py --rates 10,50,200,1000 --seconds 10    # at the rates users run
 
 Starts a bare ASGI app on uvicorn (loopback), then loads it with each generator at
 concurrency 16, one after another, twice; reads each generator's CPU time from the kernel
@@ -60,11 +61,38 @@ def run(cmd: list[str]) -> tuple[float, str]:
     return child_cpu() - c0, out
 
 
+def by_rate(port: int, rates: list[float], seconds: float) -> None:
+    """servescope bench at fixed rates (the rates users run, not saturation): its load loop's
+    CPU per request (self-reported) and the whole process's (start-up and report included),
+    plain and streamed (SSE, 20 events 5 ms apart)."""
+    print(f"servescope bench CPU per request at fixed rates, {seconds:g}s each (loopback, bare ASGI app)")
+    print(f"  {'rate':>8} {'kind':<24} {'load loop us/req':>17} {'whole process us/req':>21}")
+    for rate in rates:
+        for kind, path in (("plain", "/fast"), ("streamed (SSE, 20 events)", "/stream?tokens=20&ttft_ms=0&gap_ms=5&sse=1")):
+            with tempfile.TemporaryDirectory() as tmp:
+                report = os.path.join(tmp, "r.json")
+                cpu, _ = run([sys.executable, "-m", "servescope", "bench", f"http://127.0.0.1:{port}{path}", "-r", f"{rate:g}", "-d", f"{seconds:g}",
+                              "--warmup", "0", "--json", report])  # fmt: skip
+                data = json.loads(Path(report).read_text())
+            n = data["load"]["requests"]["measured"] + data["load"]["requests"]["warmup"] + 1
+            loop_us = data["load"]["generator"]["cpu_us_per_request"]
+            print(f"  {rate:>8g} {kind:<24} {loop_us:>17.1f} {cpu / n * 1e6:>21.1f}")
+            time.sleep(0.5)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=None,
+                    help="instead: servescope bench's CPU per request at these fixed rates (e.g. 10,50,200,1000)")
     args = ap.parse_args()
     proc, port = start_server("servers:app")
+    if args.rates:
+        try:
+            by_rate(port, args.rates, args.seconds)
+        finally:
+            stop(proc)
+        return
     url = f"http://127.0.0.1:{port}/fast"
     rows: dict[str, list[tuple[float, float]]] = {}
     try:

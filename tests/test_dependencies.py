@@ -15,7 +15,7 @@ tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parent.parent
 #: import name -> distribution name, where they differ
-DIST = {"prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-sdk", "sklearn": "scikit-learn"}
+DIST = {"prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-sdk", "sklearn": "scikit-learn", "pynvml": "nvidia-ml-py"}
 #: imported only when present, with a fallback: uvloop (uvicorn[standard] brings it where it
 #: builds), threadpoolctl (scikit-learn brings it), fastapi (the user's app, probed if loaded),
 #: PIL (the doctor varies an image payload with it when the user's endpoint has it; without

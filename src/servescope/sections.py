@@ -27,10 +27,12 @@ __all__ = [
     "FoldedStages",
     "GeneratorHealth",
     "GeneratorRow",
+    "Http",
     "Load",
     "Requests",
     "SECTIONS",
     "Section",
+    "Sessions",
     "ServerTimingCounts",
     "SizeBucket",
     "Slo",
@@ -41,6 +43,7 @@ __all__ = [
     "SweepRow",
     "Timeline",
     "Tokens",
+    "TurnRow",
     "Unattributed",
     "V1_FIELDS",
     "Verdict",
@@ -354,6 +357,77 @@ class WarmupBacklog(Section):
 
 
 @dataclass(kw_only=True)
+class TurnRow(Section):
+    """One turn of the conversations (``load.sessions.by_turn``): its measured requests."""
+
+    #: the turn, from 1
+    turn: int = 0
+    requests: int = 0
+    errors: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    #: the mean prompt, history included, in ``unit``
+    prompt_mean: float = 0.0
+    unit: str = "chars"
+
+
+@dataclass(kw_only=True)
+class Sessions(Section):
+    """``bench --turns N``: conversations whose history grows, turn by turn (docs/bench.md)."""
+
+    turns: int = 0
+    #: the pause between an answer's end and the next turn
+    think_ms: float = 0.0
+    #: conversations started, run to their last turn, and cut (by the run's end, or a failed turn)
+    started: int = 0
+    completed: int = 0
+    cut: int = 0
+    by_turn: list[TurnRow] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Http(Section):
+    """Where a request's time went on the wire (``load.http``): the connections' set-up, and
+    each measured success's time to its first byte and from there to its last. Combined:
+    figures recomputed from the merged distributions, counts summed."""
+
+    #: connections opened in the level (warm-up included), and the host's name lookup (once a run)
+    connections: int = 0
+    dns_ms: float | None = None
+    #: each new connection's TCP handshake, and its TLS handshake (https only)
+    connect: Summary | None = None
+    tls: Summary | None = None
+    #: from the request's bytes written to the response's first byte (the server's time, and the network's)
+    ttfb: Summary | None = None
+    #: from the first byte to the last (a streamed answer's whole stream)
+    transfer: Summary | None = None
+    distributions: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_distributions(cls, dists: dict[str, Distribution], **kwargs: Any) -> Http:
+        out = cls(**kwargs, distributions={name: d.to_dict() for name, d in dists.items()})
+        for name, d in dists.items():
+            if len(d):
+                setattr(out, name, summarize(d))
+        return out
+
+    @classmethod
+    def combine(cls, parts: list[Any], notes: Notes) -> Http | None:
+        have: list[Http] = [p for p in parts if p is not None]
+        if not have:
+            return None
+        dists: dict[str, Distribution] = {}
+        for p in have:
+            for name, data in p.distributions.items():
+                d = Distribution.from_dict(data, where=f"load.http.distributions.{name}")
+                dists[name] = dists[name].merge(d) if name in dists else d
+        dns = [p.dns_ms for p in have if p.dns_ms is not None]
+        return cls.from_distributions(dists, connections=sum(p.connections for p in have), dns_ms=max(dns) if dns else None)
+
+
+@dataclass(kw_only=True)
 class Load(Section):
     """What ``servescope bench`` measured beside the latency statistics.
 
@@ -392,6 +466,14 @@ class Load(Section):
     by_size: list[SizeBucket] = field(default_factory=list)
     #: open loop: the warm-up's requests still waiting when the measured window opened
     warmup_backlog: WarmupBacklog | None = None
+    #: connection set-up, time to first byte and transfer of each request
+    http: Http | None = None
+    #: ``--turns``: the conversations, turn by turn
+    sessions: Sessions | None = None
+    #: ``--scrape``: the server's own metrics over the measured window (load/telemetry.py)
+    server_metrics: telemetry.ServerMetrics | None = None
+    #: this machine's GPUs over the measured window (NVML), when it has any
+    gpu: telemetry.Gpu | None = None
 
     @classmethod
     def combine(cls, parts: list[Any], notes: Notes) -> Load | None:
@@ -407,6 +489,9 @@ class Load(Section):
             ("timeline", "each run's windows are offsets into its own run, whose clock the others do not share, and "
              "per-window percentiles keep no distribution to merge"),
             ("warmup_backlog", "each run's warm-up left its own queue"),
+            ("sessions", "each run's conversations are its own; their turns' percentiles keep no distribution to merge"),
+            ("server_metrics", "each run's scrapes are of its own window; the series' ranges and bucket estimates do not add up"),
+            ("gpu", "each run sampled the GPUs over its own window"),
         ):
             if any(getattr(p, name) is not None for p in have):
                 notes[f"load.{name}"] = why
@@ -428,6 +513,7 @@ class Load(Section):
         out.first_error_body = next((p.first_error_body for p in have if p.first_error_body), None)
         out.stream = Stream.combine([p.stream for p in have], notes)
         out.tokens = Tokens.combine([p.tokens for p in have], notes)
+        out.http = Http.combine([p.http for p in have], notes)
         if any(p.by_size for p in have):
             notes["load.by_size"] = "each run's buckets are the quartiles of its own sizes, and keep no distribution to merge"
         return out
@@ -679,3 +765,8 @@ class ExtraView(MutableMapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"ExtraView({dict(self)!r})"
+
+
+# Load's --scrape and GPU sections subclass Section, so they are imported once it exists; Load's
+# field types name them through the module, resolved when a report is read or written.
+from .load import telemetry  # noqa: E402

@@ -70,15 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-tokens", metavar="N|MEAN:SD|LOW-HIGH", type=tokens, help="with --openai: synthetic prompts of this many tokens (fixed, normal or uniform), seeded by --seed, counted by --tokenizer or approximately")
     parser.add_argument("--output-tokens", metavar="N|MEAN:SD|LOW-HIGH", type=tokens, help="with --openai: each request's max_tokens drawn from this (instead of --max-tokens); add --ignore-eos to have them all")
     parser.add_argument("--tokenizer", metavar="PATH", help="with --openai: a local tokenizer folder (or its tokenizer.json) that counts --input-tokens exactly and --data prompts in tokens")
+    parser.add_argument("--turns", metavar="N", type=positive_int, default=1, help="with --openai: conversations of N turns, each sending the history so far (every prompt and the server's answer) and a new prompt; -c counts conversations under way, -r conversations started a second")
+    parser.add_argument("--think-time", metavar="DURATION", type=duration, default=0.0, help="with --turns: the pause between an answer and the next turn (default 0s)")
     parser.add_argument("--ignore-eos", action="store_true", help='with --openai: "ignore_eos": true in each request (vLLM, SGLang): answers run to their max_tokens')
     parser.add_argument("-H", "--header", metavar="'NAME: VALUE'", action="append", default=[], type=common.header, help="'Name: value', repeatable")
     parser.add_argument("--content-type", metavar="TYPE", help="Content-Type of the body (default: JSON when the body parses as JSON)")
     parser.add_argument("-c", "--concurrency", metavar="N[,N...]", type=int_list, help="closed loop: requests in flight; a list (1,2,4,8) sweeps")
     parser.add_argument("-r", "--rate", metavar="R[,R...]", type=rate_list, help="open loop: requests/s on a fixed schedule; a list sweeps")
     parser.add_argument("--poisson", action="store_true", help="open loop with Poisson (random) arrivals")
-    parser.add_argument("-d", "--duration", metavar="DURATION", type=duration, default=10.0, help="measured time per level (default 10s)")
+    parser.add_argument("--trace", metavar="FILE.jsonl", help='replay a trace, open loop: one request a line, {"timestamp": MS, "input_length": N, "output_length": M} (with --openai: prompts of N tokens asking for M; without: the times only)')
+    parser.add_argument("--trace-speedup", metavar="X", type=float, default=1.0, help="with --trace: send X times faster (2: twice the trace's rate; default 1)")
+    parser.add_argument("-d", "--duration", metavar="DURATION", type=duration, default=None, help="measured time per level (default 10s; with --trace: the whole trace)")
     common.add_requests(parser, default=None, low=1, what="measured requests per level, instead of --duration")
-    parser.add_argument("--warmup", metavar="DURATION", type=duration, default=1.0, help="load before measuring, excluded (default 1s)")
+    parser.add_argument("--warmup", metavar="DURATION", type=duration, default=None, help="load before measuring, excluded (default 1s; with --trace: 0s)")
     common.add_timeout(parser, default=30.0)
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=1024, help="open loop: connection cap (default 1024)")
     parser.add_argument("--seed", metavar="N", type=int, help="seed for --poisson arrivals and --order random")
@@ -86,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--find-max", action="store_true", help="with --slo: search the highest open-loop rate that meets it (from --rate, default 10/s: doubling, then bisection), each probe --warmup + --duration long")
     parser.add_argument("--search-budget", metavar="DURATION", type=duration, default=300.0, help="--find-max: no probe starts past this much time (default 5m)")
     parser.add_argument("--search-resolution", metavar="PCT", type=share, default=0.05, help="--find-max: stop when the rate that missed is within PCT of the one that met (default 5%%)")
+    parser.add_argument("--scrape", metavar="URL", help="the server's Prometheus metrics (vLLM, TGI, Triton, servescope: http://HOST:PORT/metrics), sampled over each level's measured window into the report; read once before any request is sent (exit 2 if that fails)")
+    parser.add_argument("--scrape-interval", metavar="DURATION", type=duration, default=1.0, help="time between samples of --scrape and of the GPUs (default 1s, at least 100ms)")
+    parser.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not sample this machine's GPUs (by default their utilization and memory are, when nvidia-ml-py sees any: servescope[gpu])")
     common.add_ray(parser, "run the load generators on a Ray cluster")
     parser.add_argument("--generators", metavar="N", type=positive_int, default=None, help="with --ray: load generators (actors, one CPU each; default 2)")
     common.add_outputs(parser)
@@ -95,15 +102,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     from rich.text import Text
 
+    from ..exceptions import ConfigError
+
     from ..load.bench import BenchOptions, failed_levels, run_bench
     from ..load.sweep import sweep_report, sweep_summary
-    from ..exceptions import ConfigError
     from ..payload import content_type_of
     from ..renderers.progress import BenchProgress
     from ..renderers.sweep import render_sweep
     from ..renderers.terminal import render_terminal
     from ..load.request_log import RequestLog
 
+    if args.trace is None:
+        if args.trace_speedup != 1.0:
+            raise ConfigError("--trace-speedup goes with --trace")
+        args.duration = 10.0 if args.duration is None else args.duration
+    elif args.concurrency or args.rate or args.poisson or args.find_max or args.ray:
+        raise ConfigError("a trace sets when each request is sent: --trace takes no --concurrency, --rate, --poisson, --find-max or --ray")
+    args.warmup = (0.0 if args.trace else 1.0) if args.warmup is None else args.warmup
     sent = requests_of(args)
     bodies = sent.pop("bodies")
     options = BenchOptions(
@@ -124,15 +139,21 @@ def run(args: argparse.Namespace, console: Console) -> int:
         max_connections=args.max_connections,
         seed=args.seed,
         slo=args.slo,
+        scrape=args.scrape,
+        scrape_interval_s=args.scrape_interval,
+        gpu=args.gpu,
     )
     if args.generators is not None and not args.ray:
         raise ConfigError("--generators goes with --ray")
+    if args.scrape and args.ray:
+        raise ConfigError("--scrape is not supported with --ray: bench from one machine to sample the server's metrics beside its load")
     out = common.table_console(args, console)
     log = RequestLog(args.csv) if args.csv else None  # now: a path that cannot be written fails before the load
     on_results = log.add if log is not None else None
     if args.find_max:
         return find_max(options, args, out, on_results=on_results)
-    seconds = args.warmup + args.duration if not args.requests else None
+    trace = options.trace
+    seconds = None if args.requests else args.warmup + (args.duration or (trace.span_s / args.trace_speedup if trace else 0.0))
     with BenchProgress(out, seconds=seconds, requests=args.requests) as progress:
         if args.ray:
             from ..load.cluster import run_bench_ray
@@ -171,42 +192,104 @@ def requests_of(args: argparse.Namespace) -> dict[str, Any]:
     from ..exceptions import ConfigError
     from ..load.loadgen import URL
     from ..load.openai_api import api_of, first_model, request_bodies
+    from ..load.trace import read_trace
     from ..payload import multipart_form, read_body, read_jsonl
 
     if args.body and args.data:
         raise ConfigError("give --body or --data, not both")
-    llm = (args.prompt, args.model, args.max_tokens, not args.stream, args.input_tokens, args.output_tokens, args.tokenizer, args.ignore_eos)
+    llm = (args.prompt, args.model, args.max_tokens, not args.stream, args.input_tokens, args.output_tokens, args.tokenizer, args.ignore_eos, args.turns > 1)
     if not args.openai and any(llm):
-        raise ConfigError("--prompt, --model, --max-tokens, --no-stream, --input-tokens, --output-tokens, --tokenizer and --ignore-eos go with --openai")
+        raise ConfigError("--prompt, --model, --max-tokens, --no-stream, --input-tokens, --output-tokens, --tokenizer, --ignore-eos and --turns go with --openai")
+    if args.think_time and args.turns < 2:
+        raise ConfigError("--think-time is the pause between turns: it goes with --turns 2 or more")
+    if args.turns > 1 and (args.trace or args.ray or args.find_max):
+        raise ConfigError("--turns runs conversations at -c or -r: it does not go with --trace, --ray or --find-max")
+    trace = read_trace(args.trace, limit=args.requests) if args.trace else None
+    replay = {"trace": trace, "trace_speedup": args.trace_speedup} if trace else {}
     if args.file:
         if args.body or args.data or args.openai:
             raise ConfigError("--file sends one form upload: it does not go with --body, --data or --openai")
         if args.content_type:
             raise ConfigError("--file sets the Content-Type itself (multipart/form-data and its boundary): drop --content-type")
         body, ctype = multipart_form(args.file)
-        return {"bodies": [body], "content_type": ctype}
+        return {"bodies": [body], "content_type": ctype, **replay}
     lines = read_jsonl(args.data) if args.data else None
     if not args.openai:
         bodies = [raw for _, raw in lines] if lines else [read_body(name) for name in args.body]
-        return {"bodies": bodies, "content_type": "application/json" if lines else None}
+        return {"bodies": bodies, "content_type": "application/json" if lines else None, **replay}
     api = api_of(URL.parse(args.url).path)
     if args.body:
         raise ConfigError("--openai builds its requests: give prompts with --prompt or --data, not --body")
     if sum(map(bool, (args.prompt, lines, args.input_tokens))) > 1:
         raise ConfigError("give one source of prompts: --prompt, --data or --input-tokens")
-    if not args.prompt and not lines and not args.input_tokens:
+    if not args.prompt and not lines and not args.input_tokens and not args.trace:
         raise ConfigError("--openai needs prompts: --prompt TEXT, --data FILE.jsonl with one prompt a line, or --input-tokens N")
     if args.output_tokens and args.max_tokens:
         raise ConfigError("give --max-tokens or --output-tokens, not both")
+    if trace is not None:
+        return trace_requests(args, trace, api) | replay
     w = token_workload(args)  # (before the server is asked anything: a tokenizer that does not load is exit 2)
     model = args.model or first_model(args.url, headers=args.header)
+    extra = {"ignore_eos": True} if args.ignore_eos else None
     bodies, sizes = request_bodies(
         api, model=model, max_tokens=w.max_tokens, prompts=w.prompts, lines=lines, where=f"data file {args.data!r}",
-        stream=args.stream, extra={"ignore_eos": True} if args.ignore_eos else None, measure=w.measure,
+        stream=args.stream, extra=extra, measure=w.measure,
     )  # fmt: skip
-    return {
+    out = {
         "bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes,
         "size_unit": w.unit, "workload": w.meta or None,
+    }  # fmt: skip
+    if args.turns > 1:
+        out["sessions"] = session_plan(args, api, bodies, w)
+    return out
+
+
+def session_plan(args: argparse.Namespace, api: str, bodies: list[bytes], w: TokenWorkload) -> Any:
+    """--turns: the conversations' plan, each turn's new prompt and max_tokens taken in turn from
+    the requests built (a --data line of chat messages cannot be one turn of a conversation)."""
+    import orjson
+
+    from ..exceptions import ConfigError
+    from ..load.sessions import SessionPlan
+
+    first = orjson.loads(bodies[0])
+    base = {k: v for k, v in first.items() if k not in ("prompt", "messages", "max_tokens")}
+    prompts, max_tokens = [], []
+    for raw in bodies:
+        body = orjson.loads(raw)
+        messages = body.get("messages")
+        if messages is not None and (len(messages) != 1 or not isinstance(messages[0].get("content"), str)):
+            raise ConfigError("--turns builds each conversation's messages: give prompts (--prompt, --input-tokens, or --data lines of prompts), not messages")
+        prompts.append(messages[0]["content"] if messages is not None else body["prompt"])
+        max_tokens.append(body.get("max_tokens") or DEFAULT_MAX_TOKENS)
+    return SessionPlan(
+        api=api, base=base, prompts=prompts, max_tokens=max_tokens, turns=args.turns, think_ns=round(args.think_time * 1e9),
+        measure=w.measure, unit=w.unit, headers=args.header,
+    )  # fmt: skip
+
+
+def trace_requests(args: argparse.Namespace, trace: Any, api: str) -> dict[str, Any]:
+    """--openai --trace: one request per line, its prompt built to ``input_length`` tokens (by
+    --tokenizer, or approximately) asking for ``output_length`` (``max_tokens``)."""
+    from ..exceptions import ConfigError
+    from ..load.openai_api import first_model, request_bodies
+    from ..load.workload import prompts_of, token_counter
+
+    if args.prompt or args.data or args.input_tokens or args.output_tokens or args.max_tokens:
+        raise ConfigError("with --openai, a trace's lines give each request's tokens in and out: --trace takes no --prompt, --data, --input-tokens, --output-tokens or --max-tokens")
+    trace.needs_sizes()
+    counter = token_counter(args.tokenizer)  # (before the server is asked anything)
+    seed = args.seed or 0
+    prompts, _ = prompts_of(trace.input_lengths, counter, seed=seed)
+    model = args.model or first_model(args.url, headers=args.header)
+    bodies, sizes = request_bodies(
+        api, model=model, max_tokens=list(trace.output_lengths), prompts=prompts, stream=args.stream,
+        extra={"ignore_eos": True} if args.ignore_eos else None, measure=counter.count,
+    )  # fmt: skip
+    meta = {"trace": trace.path, "counted_by": counter.name, "seed": seed, **({"ignore_eos": True} if args.ignore_eos else {})}
+    return {
+        "bodies": bodies, "content_type": "application/json", "openai": api, "model": model, "sizes": sizes,
+        "size_unit": "tokens" if counter.exact else "tokens, approximate", "workload": meta,
     }  # fmt: skip
 
 

@@ -12,6 +12,9 @@
     sweep.py        a sweep's curve, its knee, ``--find-max``
     timeline.py     a run over time, where it stalled
     request_log.py  one row per request (``--csv``)
+    telemetry.py    the server's own metrics over the window (``--scrape``), the GPUs': figures and sections
+    known_metrics.py  the metric names of vLLM, TGI, Triton and servescope, in words
+    sampler.py      the thread that scrapes them and reads NVML during the window
 
 Their old places (``servescope.bench``, ``servescope.loadgen`` ...) still import, with a
 DeprecationWarning, until the next release.

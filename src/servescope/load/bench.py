@@ -25,15 +25,19 @@ from ..exceptions import ConfigError, EndpointError, ServerTimingError
 from .inputs import send_order, size_buckets
 from .loadgen import OVERSIZED, LoadGenerator, Result, URL, build_requests, error_kind, streamed
 from .openai_api import asked_tokens, token_stats
+from .phases import http_phases
+from .sessions import SessionGenerator, SessionPlan, session_stats
 from ..recorder import Recorder
 from ..report import Report
 from ..sections import GeneratorHealth, Load, Requests, ServerTimingCounts, Slo, WarmupBacklog
 from ..servertiming import server_timing_durations
 from .slo import SLO, judge
 from ..stats import Distribution, summarize
+from .sampler import Sampler
 from .streams import Streamed, stream_stats
 from .sweep import saturation, sweep_summary  # the sweep's analysis, importable from here as before
 from .timeline import timeline
+from .trace import Trace
 from ..timing import OTHER
 
 __all__ = ["BenchOptions", "failed_levels", "parse_duration", "run_bench", "results_report", "saturation", "sweep_summary"]
@@ -98,6 +102,19 @@ class BenchOptions:
     #: how the requests were made, for the report's meta (``bench --input-tokens``: the token
     #: counts asked and who counted them)
     workload: dict[str, Any] | None = None
+    #: replay this trace's arrival times (``trace.read_trace``), sped up ``trace_speedup`` times;
+    #: ``bodies`` then hold one request per trace line (``--openai``) or are sent in turn
+    trace: Trace | None = None
+    trace_speedup: float = 1.0
+    #: ``--turns``: conversations instead of single requests (``sessions.SessionPlan``); each
+    #: level's concurrency is conversations under way, its rate conversations started a second
+    sessions: SessionPlan | None = None
+    #: ``--scrape``: the server's Prometheus metrics URL, sampled every ``scrape_interval_s``
+    #: over each level's measured window (``load.server_metrics``); ``gpu``: this machine's GPUs
+    #: too, when nvidia-ml-py sees any (``load.gpu``)
+    scrape: str | None = None
+    scrape_interval_s: float = 1.0
+    gpu: bool = True
 
     def __post_init__(self) -> None:
         self.target = URL.parse(self.url)
@@ -106,7 +123,14 @@ class BenchOptions:
             raise ConfigError(f"not an HTTP method: {self.method!r}")
         if self.concurrency and self.rate:
             raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
-        if not self.concurrency and not self.rate:
+        if self.trace is not None:
+            if self.concurrency or self.rate or self.poisson:
+                raise ConfigError("a trace sets when each request is sent: --trace takes no --concurrency, --rate or --poisson")
+            if self.order != "cycle":
+                raise ConfigError("a trace sends its requests in its own order: --trace takes no --order random")
+            if not self.trace_speedup > 0 or math.isinf(self.trace_speedup):
+                raise ConfigError(f"the trace's speed-up must be a number > 0, got {self.trace_speedup!r}")
+        elif not self.concurrency and not self.rate:
             self.concurrency = [1]
         for c in self.concurrency:
             if not isinstance(c, int) or c < 1:
@@ -130,9 +154,12 @@ class BenchOptions:
             raise ConfigError(f"sizes must give one size per body: {len(self.sizes)} for {len(self.bodies)} bodies")
         #: which body each request of the list the generator cycles is (one list for every generator)
         self.send_order = send_order(len(self.bodies) or 1, self.order, seed=self.seed)
+        Sampler(scrape=self.scrape, interval_s=self.scrape_interval_s, gpu=False)  # the URL, the interval, prometheus-client
 
     @property
     def levels(self) -> list[tuple[str, float]]:
+        if self.trace is not None:
+            return [("trace", self.trace_speedup)]
         return [("concurrency", c) for c in self.concurrency] + [("rate", r) for r in self.rate]
 
     def raw_requests(self) -> list[bytes]:
@@ -370,6 +397,8 @@ async def run_level(
     offset_ns: int = 0,
     seed: int | None = None,
 ) -> tuple[list[Result], int, int | None, list[int]]:
+    if options.sessions is not None:
+        return await run_sessions(options, mode, level, on_tick, state)
     gen = LoadGenerator(
         options.target, raw, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick,
         openai=options.openai is not None,
@@ -383,14 +412,33 @@ async def run_level(
         total_requests = options.requests + (round(options.warmup_s * level) if mode == "rate" else 0)
     if options.requests is not None and mode == "concurrency":
         measure_from = t0  # a request budget in closed loop: no time-based warm-up
+    window_opens(options, state, measure_from)
     if mode == "concurrency":
         await gen.closed_loop(concurrency=int(level), duration_s=duration, requests=total_requests)
+    elif mode == "trace":
+        assert options.trace is not None
+        await gen.open_loop(offsets_ns=options.trace.offsets_ns(level), duration_s=duration, requests=options.requests)
     else:
         await gen.open_loop(
             rate=level, duration_s=duration, requests=total_requests, poisson=options.poisson,
             seed=options.seed if seed is None else seed, offset_ns=offset_ns,
         )  # fmt: skip
+    return level_end(options, gen, state, measure_from)
+
+
+def window_opens(options: BenchOptions, state: dict[str, Any], measure_from: int) -> None:
+    """Tell ``state["on_window"]`` (``run_bench``'s sampler, if any) when the level's measured
+    window opens and when it is due to end (None: at the last request, ``--requests``)."""
+    on_window = state.get("on_window")
+    if on_window is not None:
+        on_window(measure_from, None if options.duration_s is None else measure_from + round(options.duration_s * 1e9))
+
+
+def level_end(options: BenchOptions, gen: LoadGenerator, state: dict[str, Any], measure_from: int) -> tuple[list[Result], int, int | None, list[int]]:
+    """A level's results, its measured window and the generator's lags; ``state`` keeps the
+    generator (``done``) for what the report reads of it."""
     state["gen"] = None
+    state["done"] = gen
     state["first_error_body"] = gen.first_error_body
     until = None if options.duration_s is None else measure_from + round(options.duration_s * 1e9)
     if until is not None:  # interrupted: the window ends where the run was stopped, not after its drain
@@ -398,8 +446,36 @@ async def run_level(
     return gen.results, measure_from, until, gen.lags
 
 
+async def run_sessions(
+    options: BenchOptions, mode: str, level: float, on_tick: Callable[[LoadGenerator], None] | None, state: dict[str, Any]
+) -> tuple[list[Result], int, int | None, list[int]]:
+    """A level of conversations: ``level`` under way (closed loop) or started a second (open)."""
+    assert options.sessions is not None
+    gen = SessionGenerator(options.target, options.sessions, timeout_s=options.timeout_s, max_connections=options.max_connections, on_tick=on_tick)
+    state["gen"] = gen
+    measure_from = time.perf_counter_ns() + round(options.warmup_s * 1e9)
+    window_opens(options, state, measure_from)
+    duration = None if options.duration_s is None else options.warmup_s + options.duration_s
+    if mode == "concurrency":
+        await gen.closed_sessions(concurrency=int(level), duration_s=duration, sessions=options.requests)
+    else:
+        await gen.open_sessions(rate=level, duration_s=duration, sessions=options.requests, poisson=options.poisson, seed=options.seed)
+    return level_end(options, gen, state, measure_from)
+
+
 def level_meta(options: BenchOptions, mode: str, level: float) -> dict[str, Any]:
     """What a level's report says of how it was run."""
+    if mode == "trace":
+        trace = options.trace
+        assert trace is not None
+        return {
+            "tool": "servescope bench", "target": str(options.target), "method": options.method,
+            "mode": "open loop, trace replay", "speedup": level,
+            "trace": {"path": trace.path, "requests": len(trace), "span_s": round(trace.span_s / level, 3)},
+            "duration_s": options.duration_s, "warmup_s": options.warmup_s,
+            **({"workload": options.workload} if options.workload else {}),
+            "title": f"servescope bench {options.method} {options.target} (trace {trace.path}, x{level:g})",
+        }  # fmt: skip
     return {
         "tool": "servescope bench",
         "target": str(options.target),
@@ -409,7 +485,9 @@ def level_meta(options: BenchOptions, mode: str, level: float) -> dict[str, Any]
         "duration_s": options.duration_s,
         "warmup_s": options.warmup_s,
         **({"workload": options.workload} if options.workload else {}),
-        "title": f"servescope bench {options.method} {options.target} ({mode}={level:g})",
+        **({"sessions": {"turns": options.sessions.turns, "think_ms": options.sessions.think_ns / 1e6}} if options.sessions else {}),
+        "title": f"servescope bench {options.method} {options.target} ({mode}={level:g}"
+        + (f" conversations of {options.sessions.turns} turns)" if options.sessions else ")"),
     }
 
 
@@ -431,15 +509,21 @@ def run_bench(
     ends (``request_log.RequestLog.add`` writes the measured ones as CSV rows).
 
     Raises ``EndpointError`` when the very first request cannot connect (a wrong URL or a server
-    that is not up). Ctrl-C (SIGINT) ends the level under way: its report covers what ran,
+    that is not up), ``ConfigError`` when ``options.scrape`` cannot be read (before any request:
+    ``load/sampler.py`` samples it, and the GPUs, over each measured window). Ctrl-C (SIGINT) ends the level under way: its report covers what ran,
     and later levels are skipped.
     """
     raw = options.raw_requests()
     reports: list[Report] = []
     state: dict[str, Any] = {"gen": None, "interrupted": False}
+    sampler = Sampler(scrape=options.scrape, interval_s=options.scrape_interval_s, gpu=options.gpu)
+    sampler.open()  # a --scrape URL that cannot be read is a ConfigError here, before any request
+    if sampler.active:
+        state["on_window"] = sampler.start  # each level's measured window (``window_opens``)
 
     def interrupt() -> None:
         state["interrupted"] = True
+        sampler.end()  # the window's last scrape now, where the report's window ends
         if state["gen"] is not None:
             state["gen"].stop()
 
@@ -460,18 +544,28 @@ def run_bench(
             cpu0 = time.process_time()
             results, measure_from, until, lags = await run_level(options, raw, mode, level, tick, state)
             cpu = time.process_time() - cpu0
+            server_metrics, gpu = sampler.stop()
             if on_results is not None:
                 on_results(mode, level, results, measure_from)
             meta = level_meta(options, mode, level)
             if state["interrupted"]:
                 meta["interrupted"] = True
+            gen = state["done"]
+            sizes = {"sizes": gen.sizes, "asked_tokens": gen.asked} if options.sessions is not None else {}
             rep = results_report(
                 results, measure_from_ns=measure_from, measure_until_ns=until, first_ms=first_ms,
-                lags_ns=lags, meta=meta, open_loop=mode == "rate", slo=options.slo, **options.report_options(),
+                lags_ns=lags, meta=meta, open_loop=mode != "concurrency", slo=options.slo, **(options.report_options() | sizes),
             )  # fmt: skip
             assert rep.load is not None  # results_report made it
             rep.load.first_error = first_err or None
             rep.load.first_error_body = state.get("first_error_body")
+            rep.load.server_metrics, rep.load.gpu = server_metrics, gpu
+            if gpu is None and sampler.gpu_note:
+                rep.meta["gpu"] = sampler.gpu_note
+            measured = [r for r in results if r.scheduled_ns >= measure_from]
+            rep.load.http = http_phases(measured, dns_ns=gen.dns_ns, connects=gen.connects)
+            if options.sessions is not None:
+                rep.load.sessions = session_stats(measured, gen)
             if results:
                 rep.load.generator = rep.load.generator or GeneratorHealth()
                 rep.load.generator.cpu_us_per_request = round(cpu / len(results) * 1e6, 1)
@@ -482,6 +576,7 @@ def run_bench(
         loop.run_until_complete(main())
     finally:
         loop.close()
+        sampler.close()
     return reports
 
 

@@ -199,6 +199,8 @@ def run_bench_ray(
     """
     if not isinstance(generators, int) or generators < 1:
         raise ConfigError(f"generators must be a whole number >= 1, got {generators!r}")
+    if options.scrape is not None:
+        raise ConfigError("--scrape is not supported with --ray: bench from one machine to sample the server's metrics beside its load")
     started = connect(address)
     import ray
 

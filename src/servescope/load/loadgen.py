@@ -26,6 +26,7 @@ import asyncio
 import collections
 import random
 import re
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ class Result(NamedTuple):
     #: OpenAI-compatible runs: ``(completion_tokens, prompt_tokens or None)`` from the answer's
     #: ``usage``, or None when it sent none
     usage: tuple[int, int | None] | None = None
+    #: when the response's first byte arrived (time to first byte: ``first_ns - sent_ns``), or 0
+    #: when none did
+    first_ns: int = 0
 
 
 #: After ``stop()`` (Ctrl-C), how long the requests under way get to finish, in seconds; a run
@@ -250,6 +254,12 @@ class _Conn(asyncio.Protocol):
         self.openai = gen.openai
         self.usage: bytes | None = None  # OpenAI: the event with the usage object
         self.tail: bytes | None = None  # OpenAI: the end of an answer that is not SSE (its usage is there)
+        self.first_ns = 0  # the response's first byte
+        #: sessions (``keep_answers``): the answer's SSE data lines, or its body's pieces; what
+        #: the last response carried, once it completed
+        self.answer: list[bytes] | None = [] if gen.keep_answers else None
+        self.last_answer: list[bytes] = []
+        self.waiter: asyncio.Future[Result] | None = None  # sessions: who waits for the response
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -257,6 +267,8 @@ class _Conn(asyncio.Protocol):
         self.open = True
 
     def data_received(self, data: bytes) -> None:
+        if not self.first_ns:
+            self.first_ns = time.perf_counter_ns()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -290,6 +302,8 @@ class _Conn(asyncio.Protocol):
                 self.chunks.append(time.perf_counter_ns())
         if self.tail is not None:
             self.tail = (self.tail + body)[-OPENAI_TAIL_BYTES:]
+            if self.answer is not None:
+                self.answer.append(body)
         if self.body is not None and len(self.body) < ERROR_BODY_BYTES:
             self.body += body[: ERROR_BODY_BYTES - len(self.body)]
 
@@ -325,6 +339,8 @@ class _Conn(asyncio.Protocol):
             elif line[:5] == b"data:":
                 if OUTPUT.search(line):
                     self.sse_data = True
+                    if self.answer is not None:
+                        self.answer.append(line)
                 if USAGE.search(line):
                     self.usage = line
 
@@ -373,6 +389,8 @@ class _Conn(asyncio.Protocol):
         tokens = None
         if self.openai:
             tokens, self.usage, self.tail = usage(self.usage or self.tail), None, None
+            if self.answer is not None:
+                self.last_answer, self.answer = self.answer, []
         if cur is None:  # a response nobody asked for (after a timeout): ignore it
             return
         gen = self.gen
@@ -381,7 +399,8 @@ class _Conn(asyncio.Protocol):
             if gen.first_error_body is None:
                 gen.first_error_body = f"HTTP {parser.get_status_code()}: " + self.body.decode("utf-8", "replace")
             self.body = None
-        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None, stream, self.index, tokens))
+        first, self.first_ns = self.first_ns, 0
+        result = _result(Result, (cur[0], cur[1], done, parser.get_status_code(), st, None, stream, self.index, tokens, first))
         if not parser.should_keep_alive():
             self.open = False
             self.transport.close()  # type: ignore[union-attr]
@@ -402,6 +421,7 @@ class _Conn(asyncio.Protocol):
     def send(self, request: bytes, cur: list[Any], index: int = -1) -> None:
         self.cur = cur
         self.index = index
+        self.first_ns = 0
         cur[1] = now = time.perf_counter_ns()
         if cur[0] is None:  # closed loop: scheduled when sent
             cur[0] = now
@@ -410,12 +430,15 @@ class _Conn(asyncio.Protocol):
     def _drop(self, kind: str) -> None:
         cur, self.cur = self.cur, None
         self.st = self.more = self.body = self.chunks = self.usage = self.tail = None
+        if self.answer is not None:
+            self.answer = []
         self.kind, self.sse_rest, self.sse_data = 0, b"", False
         self.open = False
+        first, self.first_ns = self.first_ns, 0
         if self.transport is not None:
             self.transport.close()
         if cur is not None:
-            self.gen._complete(self, Result(cur[0], cur[1], time.perf_counter_ns(), 0, None, kind, None, self.index))
+            self.gen._complete(self, Result(cur[0], cur[1], time.perf_counter_ns(), 0, None, kind, None, self.index, None, first))
 
 
 class LoadGenerator:
@@ -435,6 +458,7 @@ class LoadGenerator:
         on_tick: Callable[[LoadGenerator], None] | None = None,
         max_server_timing_bytes: int = MAX_SERVER_TIMING_BYTES,
         openai: bool = False,
+        keep_answers: bool = False,
     ) -> None:
         if not requests:
             raise ConfigError("no request to send")
@@ -443,6 +467,8 @@ class LoadGenerator:
         self.max_server_timing_bytes = max_server_timing_bytes
         #: an OpenAI-compatible endpoint: tokens are events with text, ``Result.usage`` is read
         self.openai = openai
+        #: sessions: each answer's text is kept (``_Conn.last_answer``) to carry into the next turn
+        self.keep_answers = keep_answers
         #: "HTTP 422: <its body>" for the first answer >= 400 of the run, to say why requests fail
         self.first_error_body: str | None = None
         self.target = target
@@ -464,6 +490,11 @@ class LoadGenerator:
         self._stop_event: asyncio.Event | None = None
         self._next = 0
         self._ssl = ssl.create_default_context() if target.scheme == "https" else None
+        self._addresses: list[Any] | None = None
+        #: how long the host's name took to look up (once a run), ns
+        self.dns_ns: int | None = None
+        #: each connection opened: its TCP handshake and its TLS handshake (0 for http), ns
+        self.connects: list[tuple[int, int]] = []
         self._mode = "closed"
         self._limit: int | None = None
         self._fast = False  # closed loop running below its limit: completions send inline
@@ -474,10 +505,25 @@ class LoadGenerator:
 
     # -- connections -------------------------------------------------------------------------
     async def _connect(self) -> _Conn:
+        """A new connection, its phases timed: the name looked up (once a run: ``dns_ns``), the
+        TCP handshake and the TLS one (``connects``)."""
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(
-            lambda: _Conn(self), self.target.host, self.target.port, ssl=self._ssl
-        )
+        target = self.target
+        if self._addresses is None:
+            t0 = time.perf_counter_ns()
+            self._addresses = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+            self.dns_ns = time.perf_counter_ns() - t0
+        t0 = time.perf_counter_ns()
+        sock = await _tcp(loop, self._addresses)
+        t1 = time.perf_counter_ns()
+        try:
+            _, conn = await loop.create_connection(
+                lambda: _Conn(self), sock=sock, ssl=self._ssl, server_hostname=target.host if self._ssl else None
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.connects.append((t1 - t0, time.perf_counter_ns() - t1 if self._ssl else 0))
         self.conns.append(conn)
         return conn
 
@@ -560,7 +606,9 @@ class LoadGenerator:
         except (OSError, asyncio.TimeoutError) as exc:
             if self.pending:
                 sched = self.pending.popleft()
-                self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, _connect_error(exc)))
+                index = self._next % len(self.requests)  # its request, so the next due keeps its own
+                self._next += 1
+                self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, _connect_error(exc), None, index))
             self._check_drained()
             return
         finally:
@@ -663,9 +711,11 @@ class LoadGenerator:
                 sweeper.cancel()
         return self.results
 
-    async def open_loop(self, *, rate: float, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float | None = None, offset_ns: int = 0) -> list[Result]:
+    async def open_loop(self, *, rate: float | None = None, duration_s: float | None = None, requests: int | None = None, poisson: bool = False, seed: int | None = None, drain_s: float | None = None, offset_ns: int = 0, offsets_ns: list[int] | None = None) -> list[Result]:
         """Requests sent on a fixed schedule at ``rate``/s, whatever the server does; the first
-        one ``offset_ns`` after the start (generators sharing a rate interleave this way)."""
+        one ``offset_ns`` after the start (generators sharing a rate interleave this way). Or at
+        ``offsets_ns`` from the start, one request each (a trace replayed), ``requests`` in
+        order: the k-th due gets the k-th request."""
         self._mode = "open"
         self.running = True
         sweeper = asyncio.ensure_future(self._sweep())
@@ -677,7 +727,8 @@ class LoadGenerator:
         start = time.perf_counter_ns()
         end = start + round(duration_s * 1e9) if duration_s is not None else None
         try:
-            for k, due in enumerate(schedule(rate, start + offset_ns, poisson=poisson, seed=seed)):
+            times = (start + o for o in offsets_ns) if offsets_ns is not None else schedule(rate or 0.0, start + offset_ns, poisson=poisson, seed=seed)
+            for k, due in enumerate(times):
                 if (end is not None and due >= end) or (requests is not None and k >= requests) or self.stopped:
                     break
                 now = time.perf_counter_ns()
@@ -701,7 +752,9 @@ class LoadGenerator:
             finally:
                 sweeper.cancel()
         for sched in self.pending:  # never sent: they count, as failures of the run
-            self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, "not sent"))
+            index = self._next % len(self.requests)
+            self._next += 1
+            self.results.append(Result(sched, sched, time.perf_counter_ns(), 0, None, "not sent", None, index))
         self.pending.clear()
         return self.results
 
@@ -718,6 +771,27 @@ class LoadGenerator:
             return
         while len(self.results) < (requests or 0) and not self.stopped:
             await asyncio.sleep(0.005)
+
+
+async def _tcp(loop: asyncio.AbstractEventLoop, addresses: list[Any]) -> socket.socket:
+    """A connected socket to the first of ``addresses`` (getaddrinfo's) that accepts."""
+    error: OSError = OSError("no address to connect to")
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        if family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as create_connection does
+        try:
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error
 
 
 def _connect_error(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ..exceptions import ConfigError
 
-__all__ = ["APPROXIMATE", "MAX_SYNTHETIC_PROMPTS", "SYNTHETIC_PROMPTS", "TokenCounter", "TokenSpec", "synthetic_prompts", "token_counter"]
+__all__ = ["APPROXIMATE", "MAX_SYNTHETIC_PROMPTS", "SYNTHETIC_PROMPTS", "TokenCounter", "TokenSpec", "prompts_of", "synthetic_prompts", "token_counter"]
 
 #: synthetic prompts built for a run (cycled past that): as many as --requests asks, within these
 SYNTHETIC_PROMPTS, MAX_SYNTHETIC_PROMPTS = 1000, 10_000
@@ -160,8 +160,15 @@ def synthetic_prompts(spec: TokenSpec, counter: TokenCounter, *, count: int, see
     """``count`` different prompts whose lengths follow ``spec`` under ``counter``, and each
     one's length as counted (what ``load.by_size`` groups by)."""
     rng = random.Random(seed)
+    return prompts_of(spec.sample(rng, count), counter, rng=rng)
+
+
+def prompts_of(targets: list[int], counter: TokenCounter, *, rng: random.Random | None = None, seed: int = 0) -> tuple[list[str], list[int]]:
+    """A different prompt of each length in ``targets`` (a trace's ``input_length``s) under
+    ``counter``, and each one's length as counted."""
+    rng = rng or random.Random(seed)
     texts, counts = [], []
-    for target in spec.sample(rng, count):
+    for target in targets:
         text, n = _fit([rng.choice(WORDS) for _ in range(target)], rng, target, counter)
         texts.append(text)
         counts.append(n)

@@ -17,6 +17,7 @@ from ..compare import Comparison
 from ..report import Report
 from ..sections import Load
 from .charts import COLORS, Axis, Bar, Series, bar_chart, histogram_bins, label_room, line_chart, log_scale
+from .telemetry import html_section as telemetry_html
 from .terminal import stage_label
 
 __all__ = ["ComparisonHTMLRenderer", "HTMLRenderer", "render_comparison_html", "render_html"]
@@ -372,6 +373,7 @@ def _page(report: Report, sweep: list[dict[str, Any]] | None) -> str:
         _stacked_bar(report),
         _stage_table(report),
         _by_size(report.load or Load()),
+        telemetry_html(report),
         _distribution(report),
         _sweep(sweep or []),
         _cluster(report),

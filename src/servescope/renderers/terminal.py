@@ -18,6 +18,7 @@ from rich.text import Text
 from ..report import Finding, Report
 from ..sections import SECTIONS, Diagnosis, Load
 from .base import console_text
+from .telemetry import terminal_parts as telemetry_parts
 
 __all__ = ["MAX_FINDINGS_SHOWN", "MAX_STAGES_SHOWN", "TerminalRenderer", "plain", "render_terminal", "stage_label"]
 
@@ -146,6 +147,8 @@ def _headline(report: Report) -> list[Text]:
     diagnosis = report.diagnosis or Diagnosis()
     if load.throughput_rps is not None:
         lines.append(Text(f"Throughput: {load.throughput_rps:.1f} requests/s"))
+    if load.http is not None:
+        lines.append(_http_line(load))
     if load.stream is not None:
         lines += _stream_lines(load)
     if load.tokens is not None:
@@ -233,6 +236,17 @@ def _p(summary: dict[str, Any] | None, *keys: str) -> str:
     return " · ".join(f"{k} {_ms(summary.get(f'{k}_ms'))}" for k in keys) + " ms"
 
 
+def _http_line(load: Load) -> Text:
+    http = load.http
+    assert http is not None
+    setup = f"{http.connections} connection(s) opened: TCP {_p(http.connect, 'p50', 'max')}"
+    if http.tls is not None:
+        setup += f", TLS {_p(http.tls, 'p50', 'max')}"
+    if http.dns_ms is not None:
+        setup += f", name looked up once in {_ms(http.dns_ms)} ms"
+    return Text(f"HTTP: time to first byte {_p(http.ttfb, 'p50', 'p99')} · transfer {_p(http.transfer, 'p50', 'p99')} · {setup}", style="dim")
+
+
 def _stream_lines(load: Load) -> list[Text]:
     st = load.stream
     assert st is not None
@@ -280,6 +294,21 @@ def _token_lines(load: Load, workload: Any = None) -> list[Text]:
     if short:
         lines.append(Text(f"  {short}", style="yellow"))
     return lines
+
+
+def _turn_table(load: Load) -> list[Any]:
+    ss = load.sessions
+    assert ss is not None
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    unit = ss.by_turn[0].unit if ss.by_turn else "chars"
+    for col in ("turn", "requests", "errors", f"prompt ({unit}, mean)", "p50 ms", "p99 ms", "TTFT p50 ms", "TTFT p99 ms"):
+        table.add_column(col, justify="right")
+    for t in ss.by_turn:
+        table.add_row(str(t.turn), f"{t.requests:,}", f"{t.errors:,}", f"{t.prompt_mean:,.0f}", _ms(t.p50_ms), _ms(t.p99_ms), _ms(t.ttft_p50_ms), _ms(t.ttft_p99_ms))
+    think = f", {_ms(ss.think_ms)} ms between an answer and the next turn" if ss.think_ms else ""
+    head = (f"Conversations of {ss.turns} turns{think}: {ss.started:,} started, {ss.completed:,} ran to their last turn, {ss.cut:,} cut "
+            "(by the run's end or a failed turn); each turn sends the history so far")  # fmt: skip
+    return [Text(""), Text(head, style="bold"), table]
 
 
 def _size_table(load: Load) -> list[Any]:
@@ -382,6 +411,9 @@ def _sections(report: Report) -> list[Any]:
         parts.append(Text(f"{more_stages:,} more stages not shown (the JSON has them all: --json)", style="yellow"))
     if report.load is not None and report.load.by_size:
         parts += _size_table(report.load)
+    if report.load is not None and report.load.sessions is not None:
+        parts += _turn_table(report.load)
+    parts += telemetry_parts(report)  # bench --scrape, and the GPUs
     env = report.environment or {}
     torch = env.get("torch") or {}
     where = f"Python {env.get('python', '?')}, {env.get('cpus_available', '?')} CPUs"
