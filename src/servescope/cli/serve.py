@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the route's method; repeat for several (default POST)",
     )  # fmt: skip
     parser.add_argument("--sse-done", action="store_true", default=None, help="end Server-Sent Events streams with data: [DONE], as OpenAI-style clients expect")
+    parser.add_argument("--openai", metavar="NAME", default=None, help="also answer as an OpenAI-compatible server: POST /v1/completions, /v1/chat/completions, GET /v1/models, the model called NAME (docs/serve.md)")
     parser.add_argument("--debug-errors", action="store_true", default=None, help="put exception text in error bodies (default: the log only)")
     parser.add_argument("--workers", metavar="N", type=positive_int, default=1, help="worker processes on one port, each with its own model and CPUs/N threads; one merged /report and /metrics (default 1)")
     common.add_ray(parser, "deploy on Ray Serve (Ray's HTTP proxy on --host/--port)")
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "path": args.path,
             "methods": tuple(args.method) if args.method else None,
             "sse_done": args.sse_done,
+            "openai": args.openai,
         }.items()
         if v is not None
     }

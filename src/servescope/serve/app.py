@@ -6,6 +6,8 @@
     GET  /ready     200 once the model is loaded and warmed up, 503 before
     GET  /metrics   Prometheus histograms per stage, batch sizes, queue depth, requests by status
     GET  /report    the servescope Report of everything served so far (JSON, with distributions)
+    POST /v1/completions, /v1/chat/completions, GET /v1/models: with ``openai="name"``, an
+                    OpenAI-compatible front for the model (serve/openai.py)
 
 Every /predict response carries ``Server-Timing`` with its stages. A model that yields
 (``infer`` step by step, or ``postprocess`` chunk by chunk) streams its answer: JSON lines, or
@@ -37,6 +39,7 @@ from .asgi import Metrics, disconnected, error_body, expire, push, read_too_slow
 from .batching import Batcher, Item
 from .limits import HttpLimits
 from .model import Model
+from .openai import OpenAIFront
 from .runtime import Runtime
 
 __all__ = ["ServeApp"]
@@ -100,6 +103,7 @@ class ServeApp:
         path: str = "/predict",
         methods: tuple[str, ...] = ("POST",),
         sse_done: bool = False,
+        openai: str | None = None,
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -134,6 +138,12 @@ class ServeApp:
         self.path, self.methods = path, methods
         #: end a Server-Sent Events stream with ``data: [DONE]``, as OpenAI-style clients wait for
         self.sse_done = bool(sse_done)
+        if openai is not None and (not isinstance(openai, str) or not openai.strip()):
+            raise ConfigError(f"openai must be the model's name, as clients will send it in \"model\", got {openai!r}")
+        if openai is not None and path.startswith("/v1/"):
+            raise ConfigError(f"path {path!r} is under /v1/, which the OpenAI-compatible front answers: give the model another path")
+        #: with ``openai="name"``: /v1/completions, /v1/chat/completions and /v1/models (serve/openai.py)
+        self.openai = OpenAIFront(self, openai.strip()) if openai is not None else None
         self.model = model
         self.example = example if example is not None else model.example
         self.timeout_s = float(timeout_s)
@@ -370,6 +380,8 @@ class ServeApp:
                     await respond(send, 405, error_body(f"use {allow} {self.path} with a JSON body"), [(b"allow", allow.encode())])
                 else:
                     await self._predict(scope, receive, send)
+            elif self.openai is not None and path.startswith("/v1/"):
+                await self.openai(scope, receive, send)
             elif path == "/health":
                 await respond(send, 200, orjson.dumps({"status": "alive", "state": self.state}))
             elif path == "/ready":
@@ -392,6 +404,8 @@ class ServeApp:
                     await respond(send, 200, body)
             else:
                 routes = f"{'/'.join(self.methods)} {self.path}, GET /health, /ready, /metrics, /report"
+                if self.openai is not None:
+                    routes += ", POST /v1/completions, /v1/chat/completions, GET /v1/models"
                 await respond(send, 404, error_body(f"no route {path}: {routes}"))
         elif kind == "lifespan":
             while True:

@@ -103,3 +103,48 @@ class Model:
 
     def postprocess(self, output: Any) -> Any:
         return output
+
+    # -- the OpenAI-compatible front (``serve(model, openai="name")``, docs/serve.md) ----------
+    def openai_request(self, request: dict[str, Any], prompt: str) -> Any:
+        """This model's payload for an OpenAI request (``prompt``: the completion's prompt, or
+        the chat's messages as ``chat_prompt`` joins them): ``{"prompt", "max_tokens"}`` by
+        default, as a generator like examples/serve/generate.py takes. Override it to carry
+        more (temperature, stop ...) into ``validate``."""
+        max_tokens = next((request[k] for k in ("max_tokens", "max_completion_tokens") if request.get(k) is not None), 16)
+        return {"prompt": prompt, "max_tokens": max_tokens}
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """A chat's messages as one prompt: the model's ``tokenizer`` chat template when it has
+        one, else each message on its own line as ``role: text``, ending with ``assistant:``."""
+        tokenizer = getattr(self, "tokenizer", None)
+        if getattr(tokenizer, "chat_template", None):
+            return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        lines = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, Mapping) else None
+            if isinstance(content, list):  # parts: [{"type": "text", "text": ...}, ...]
+                content = "".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
+            if not isinstance(content, str):
+                raise ValueError("each message needs a role and its content as text")
+            lines.append(f"{m.get('role', 'user')}: {content}")
+        return "\n".join(lines) + "\nassistant:"
+
+    def openai_text(self, chunk: Any) -> str:
+        """The text of one chunk ``postprocess`` returned (or of a whole answer): the chunk if it
+        is a string, else its ``text``, ``token`` or ``content`` field."""
+        if isinstance(chunk, str):
+            return chunk
+        if isinstance(chunk, Mapping):
+            for key in ("text", "token", "content"):
+                value = chunk.get(key)
+                if isinstance(value, str):
+                    return value
+        return ""
+
+    def count_tokens(self, text: str) -> int | None:
+        """Tokens in a prompt, for the OpenAI front's ``usage.prompt_tokens``: by the model's
+        ``tokenizer`` when it has one; None when it has none (the count is then left out)."""
+        tokenizer = getattr(self, "tokenizer", None)
+        if tokenizer is None or not callable(tokenizer):
+            return None
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])

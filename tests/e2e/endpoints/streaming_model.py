@@ -27,3 +27,19 @@ class Steps(servescope.Model):
     def postprocess(self, step, request):
         step = int(step)
         return None if step < 0 else {"i": step}
+
+
+class Words(Steps):
+    """The same pace as text, for the OpenAI-compatible front: ``{"prompt", "max_tokens"}`` in
+    (what ``Model.openai_request`` makes of an OpenAI request), a word per step out."""
+
+    example = {"prompt": "hi", "max_tokens": 2}
+
+    def validate(self, payload):
+        if not isinstance(payload.get("max_tokens"), int) or payload["max_tokens"] < 1:
+            raise servescope.InvalidPayload("max_tokens must be a whole number >= 1", field="max_tokens")
+        return {"n": payload["max_tokens"]}
+
+    def postprocess(self, step, request):
+        step = int(step)
+        return None if step < 0 else {"text": f"w{step} "}
