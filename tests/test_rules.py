@@ -123,6 +123,18 @@ def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
     assert diagnose_evidence(tiny).findings == []  # batching would not move it
 
 
+def test_streams_that_each_run_their_own_decoding_loop_are_named_with_a_batched_step_fix():
+    ev = healthy(concurrent__forwards=forwards(count=48 * 16, per_request=16.0), warm__first_chunk_p50_ms=3.0,
+                 warm__forwards=forwards(per_request=16.0))  # fmt: skip
+    [f] = diagnose_evidence(ev).findings
+    assert f.id == "no-batching" and "streams each decode alone" in f.title
+    assert "def infer(self, batch)" in f.fix and "yield" in f.fix and "torch.stack" not in f.fix
+    compile(f.fix, "<fix>", "exec")
+    plain = healthy(concurrent__forwards=forwards(count=48 * 16, per_request=16.0), warm__forwards=forwards(per_request=16.0))
+    [f] = diagnose_evidence(plain).findings  # many forwards, but one answer at the end: not a stream
+    assert "streams" not in f.title
+
+
 def test_no_batching_without_a_batch_probe_is_not_checked_with_the_reason():
     ev = healthy(concurrent__forwards=forwards(count=48), batch_probe=None)
     ev.missing["batch_probe"] = "batch probe skipped: no model input was captured"

@@ -295,6 +295,8 @@ class Evidence:
     hot_spots_in_user_code: dict[str, bool] = field(default_factory=dict)
     #: stage -> the source text of its hot spot's top line, when that line is the user's own
     hot_lines: dict[str, str] = field(default_factory=dict)
+    #: the endpoint's own exceptions as its server logged them (doctor/failures.py), each once
+    app_exceptions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     #: section name -> why it is absent (said by the run that left it out)
     missing: dict[str, str] = field(default_factory=dict)

@@ -45,6 +45,7 @@ from .evidence import (
 from .batchprobe import batch_probe
 from .probes import Probes
 from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
+from .failures import ExceptionLog
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
@@ -87,6 +88,8 @@ class _Run:
         self.body = send.body
         self.probes = Probes()
         self.sampler = StackSampler()
+        #: the endpoint's exceptions as its server logs them (a 500's reason)
+        self.exceptions = ExceptionLog()
         self.started = time.perf_counter()
         self.cold: Observation | None = None
         self.warm: list[Observation] = []
@@ -136,6 +139,7 @@ class _Run:
                 self.start_error = str(exc)
                 return
             self.tick("cold request", 0.0)
+            self.exceptions.__enter__()  # (after start: uvicorn configures its loggers there)
             self.cold = self.endpoint.request(self.body, o.timeout_s)
             with self.sampler:
                 reading = CpuReading()
@@ -155,6 +159,7 @@ class _Run:
             self._experiments(AT_CONCURRENCY)
             self._repeat_cold()
         finally:
+            self.exceptions.__exit__()
             self.probes.remove()
             self.endpoint.stop()
 
@@ -438,6 +443,7 @@ class _Run:
             hot_spots=hot,
             hot_spots_in_user_code={k: self.sampler.is_user_code(v) for k, v in hot.items()},
             hot_lines={k: line for k, v in hot.items() if (line := self.sampler.line_of(v))},
+            app_exceptions=self.exceptions.summaries(),
             seconds=round(time.perf_counter() - self.started, 2),
             missing=self.missing,
             probes_disabled=dict(self.probes.disabled),

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
+from ..doctor.failures import known_failure
 from .idioms import load_once_fix, repeated_fix, warmup_fix
 from .savings import measured_or_estimated, severity
 
@@ -42,6 +43,16 @@ def failing_requests(ev: Evidence) -> list[Finding]:
         return []
     share = max(warm.errors / max(warm.requests, 1), (conc.errors / max(conc.requests, 1)) if conc else 0.0)
     only_concurrent = warm.errors == 0
+    raised = ev.app_exceptions
+    known = next((k for k in map(known_failure, raised) if k), None)
+    fix = (
+        "# the figures above are from the requests that succeeded; fix the failures first\n"
+        + ("# failing only under concurrency: shared state that is not thread-safe (a tokenizer,\n"
+           "# a cache, a model moved per request); guard it or give each worker its own"
+           if only_concurrent else "# run one request by hand with the same payload to see the traceback")
+    )  # fmt: skip
+    if known is not None:  # the exception says what it is: its cause, then the code that fixes it
+        fix = known
     return [
         Finding(
             "failing-requests",
@@ -53,14 +64,11 @@ def failing_requests(ev: Evidence) -> list[Finding]:
                 "warm_failed": warm.errors,
                 "concurrent_failed": conc.errors if conc else 0,
                 "first_errors": " | ".join(warm.errors_sample) or "-",
+                **({"raised": " | ".join(raised)} if raised else {}),
             },
-            fix=(
-                "# the figures above are from the requests that succeeded; fix the failures first\n"
-                + ("# failing only under concurrency: shared state that is not thread-safe (a tokenizer,\n"
-                   "# a cache, a model moved per request); guard it or give each worker its own"
-                   if only_concurrent else "# run one request by hand with the same payload to see the traceback")
-            ),
-            detail="Failed requests are kept out of the latency figures and counted by kind under Errors.",
+            fix=fix,
+            detail="Failed requests are kept out of the latency figures and counted by kind under Errors."
+            + (f" The endpoint raised (its server's log): {'; '.join(raised)}." if raised else ""),
         )
     ]
 

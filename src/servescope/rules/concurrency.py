@@ -70,11 +70,14 @@ def no_batching(ev: Evidence) -> list[Finding]:
             f"instead of the {conc.p50_ms:.3g} ms p50 measured at c={n}"
         )
     saving = measured_or_estimated(ev, "batching", estimate_ms=estimate, estimated_from=basis, load=f"c={n}", p50_ms=conc.p50_ms)
+    # a streamed answer made by many forwards each: every stream runs its own decoding loop
+    decoding = fwd.per_request >= 2 and ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
     return [
         Finding(
             "no-batching",
             saving.severity() if saving.ms else "low",
-            "Concurrent requests each run their own batch-of-one forward",
+            "Concurrent streams each decode alone: every step is a batch-of-one forward"
+            if decoding else "Concurrent requests each run their own batch-of-one forward",
             {
                 "concurrency": conc.concurrency,
                 "forward_batch_sizes": fwd.batch_sizes,
@@ -83,7 +86,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
                 "best_batch": probe.best_batch,
                 "per_item_gain": probe.gain,
             },
-            fix=batch_fix(fwd.kinds, fwd.calls),
+            fix=_DECODE_FIX if decoding else batch_fix(fwd.kinds, fwd.calls),
             saving_ms=saving.ms or None,
             detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1. "
             + saving.detail,
@@ -91,6 +94,21 @@ def no_batching(ev: Evidence) -> list[Finding]:
         )
     ]
 
+
+_DECODE_FIX = (
+    "# let concurrent streams share each decoding step: a Model whose infer yields one step for the\n"
+    "# whole batch (examples/serve/generate.py is this, whole), its streams batched step by step\n"
+    "class Generate(servescope.Model):\n"
+    "    def infer(self, batch):\n"
+    "        ids, mask, cache = batch['input_ids'], batch['attention_mask'], None\n"
+    "        for step in range(int(batch['max_tokens'].max())):\n"
+    "            out = self.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)\n"
+    "            cache, ids = out.cache, out.logits[:, -1:].argmax(-1)\n"
+    "            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)\n"
+    "            yield ids[:, 0]                  # each request's next token, sent to it at once\n"
+    "app = servescope.serve(Generate(), max_batch_size=16, openai='my-model')\n"
+    "# or, for a model it supports, an LLM server with continuous batching (vLLM, TGI, SGLang)"
+)
 
 _LOOP_FIX = (
     "# an `async def` endpoint runs on the loop: make it a plain `def` (FastAPI runs it in a\n"
