@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from ..exceptions import ConfigError
     from ..loader import load_target
-    from ..serve import ServeApp, as_app, model_of
+    from ..serve import Routes, ServeApp, as_app, model_of
 
     if args.ray_address is not None:  # the old spelling: --ray --ray-address ADDRESS
         if args.ray is None:
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.workers > 1:
         if args.ray is not None:
             raise ConfigError("--workers and --ray do not go together: on Ray, use --replicas")
-        if isinstance(obj, ServeApp):
+        if isinstance(obj, (ServeApp, Routes)):
             raise ConfigError(f"--workers builds one app per worker from a servescope.Model: {args.target} is already a serve() app")
         from ..serve.workers import run_workers
 
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError("--ray deploys a servescope.Model (each replica builds its own app): point at the Model class")
         run_on_ray(model, replicas=args.replicas or 1, host=args.host, port=args.port, address=args.ray, **options)
         return 0
-    if not isinstance(obj, ServeApp):
+    if not isinstance(obj, (ServeApp, Routes)):
         # a process a supervisor restarts (systemd, Kubernetes, Docker's restart policy): a
         # worker stuck in the model's code ends it, rather than run on beside a stuck thread
         options["on_stuck"] = "exit"

@@ -21,16 +21,20 @@ from typing import Any
 
 from .app import ServeApp
 from .model import Model
+from .routes import Routes
 
-__all__ = ["Model", "ServeApp", "as_app", "model_of", "serve"]
+__all__ = ["Model", "Routes", "ServeApp", "as_app", "model_of", "serve"]
 
 
-def serve(model: Model, **options: Any) -> ServeApp:
-    """The ASGI app serving ``model``; options as ``ServeApp`` (keyword-only, validated now)."""
+def serve(model: Model | dict[str, Model], **options: Any) -> ServeApp | Routes:
+    """The ASGI app serving ``model``; options as ``ServeApp`` (keyword-only, validated now).
+    ``{path: model, ...}``: several models in one app, each at its own route (serve/routes.py)."""
+    if isinstance(model, dict):
+        return Routes(model, **options)
     return ServeApp(model, **options)
 
 
-def as_app(obj: Any, *, name: str = "", **options: Any) -> ServeApp:
+def as_app(obj: Any, *, name: str = "", **options: Any) -> ServeApp | Routes:
     """What ``servescope serve path:NAME`` serves: a ``Model`` subclass (built with no
     arguments), a ``Model`` instance (served with ``options``) or a ``serve()`` app (as it is:
     its options were set where it was made)."""
@@ -40,7 +44,7 @@ def as_app(obj: Any, *, name: str = "", **options: Any) -> ServeApp:
     model = model_of(obj)
     if model is not None:
         return serve(model, **options)
-    if not isinstance(obj, ServeApp):
+    if not isinstance(obj, (ServeApp, Routes)):
         raise ConfigError(f"{name} is {type(obj).__name__}, not a servescope.Model subclass or a serve() app")
     if options:
         raise ConfigError(f"{name} is already a serve() app: set its options in the file, not here")

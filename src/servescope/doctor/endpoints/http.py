@@ -245,11 +245,14 @@ class ASGIEndpoint(_HTTPEndpoint):
         return self._thread.ident if self._thread is not None else None
 
     def routes(self) -> list[tuple[str, list[str]]]:
-        from ...serve import ServeApp
+        from ...serve import Routes, ServeApp
 
+        own = [(p, ["GET"]) for p in ("/health", "/ready", "/metrics", "/report")]
         if isinstance(self.user_app, ServeApp):
             app = self.user_app
-            return [(app.path, list(app.methods)), *((p, ["GET"]) for p in ("/health", "/ready", "/metrics", "/report"))]
+            return [(app.path, list(app.methods)), *own]
+        if isinstance(self.user_app, Routes):
+            return [*((p, list(a.methods)) for p, a in self.user_app.apps.items()), *own]
         out = []
         for r in getattr(self.user_app, "routes", None) or []:
             path = getattr(r, "path", None)
