@@ -16,7 +16,7 @@ The load generator and the doctor produce it, the rules read it, the renderers f
     samples       per-request rows, when kept
     meta          what was run: tool, target, options
     load, sweep, diagnosis, folded_stage_names, streaming
-                  the typed sections a tool adds (sections.py), as ``report.load`` ...
+                  the typed sections a tool adds (sections/), as ``report.load`` ...
     ...           any other key is kept as is (``report.unknown``)
 """
 
@@ -212,7 +212,7 @@ class Report:
 
         Every part has its rule: distributions, errors and samples joined; findings joined
         (one per id and title); the first report's environment and first request; each section
-        by its own ``combine`` (sections.py); an unknown key kept when every report that has it
+        by its own ``combine`` (sections/); an unknown key kept when every report that has it
         agrees. What cannot be merged is left out and named, with why, in
         ``meta["not_combined"]``; ``meta["combined"]`` keeps each report's meta."""
         reports = list(reports)

@@ -78,7 +78,7 @@ _FINDING = {"id": _str, "severity": _str, "title": _str, "evidence": _object, "f
             "saving_high_ms": _number, "saving_coverage": _number, "saving_load": _str}  # fmt: skip
 #: The top-level fields servescope's own tools added in schema version 1 (bench, the recorder,
 #: the doctor), each with the type its readers relied on; version 2 keeps them in typed sections
-#: (sections.py), checked by ``load_section``.
+#: (sections/), checked by ``load_section``.
 _V1_FIELDS = {
     "throughput_rps": _number, "requests": _object, "uncorrected": _object, "server_timing": _object,
     "generator": _object, "replicas": _object, "generators": _list, "generators_lost": _list,
@@ -129,7 +129,7 @@ def check_v1_fields(data: dict[str, Any]) -> None:
 
 
 # -- typed sections ---------------------------------------------------------------------------
-# A section of the report (sections.py) is a dataclass; its JSON form is its fields. These
+# A section of the report (sections/) is a dataclass; its JSON form is its fields. These
 # two functions are the whole mapping, checked against the fields' type hints, so the dataclass
 # is the one place a section's shape is written down.
 

@@ -2,7 +2,9 @@
 ``doctor/`` and ``serve/``.
 
     loadgen.py      the open- and closed-loop generator (raw HTTP/1.1, asyncio)
+    wire.py         what it sends and keeps: the URL, raw requests, schedules, one Result per request
     bench.py        a run: levels, warm-up, one Report per level (``run_bench``)
+    results.py      a level's results as a Report: stages, throughput, the ``load`` section
     cluster.py      generators on a Ray cluster, merged
     inputs.py       the bodies' order, latency by input size
     openai_api.py   OpenAI-compatible requests and their tokens

@@ -25,13 +25,13 @@ from .bench import (
     first_request,
     is_unreachable,
     level_meta,
-    results_report,
     run_level,
 )
 from ..exceptions import ConfigError, EndpointError, require
-from .loadgen import Result
 from ..report import Report
+from .results import results_report
 from ..sections import GeneratorRow, Load
+from .wire import Result
 
 __all__ = ["connect", "run_bench_ray", "split_level"]
 

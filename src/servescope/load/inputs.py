@@ -16,9 +16,9 @@ from typing import Literal
 import numpy as np
 
 from ..exceptions import ConfigError
-from .loadgen import Result, error_kind, streamed
 from ..sections import SizeBucket
 from ..stats import Distribution
+from .wire import Result, error_kind, streamed
 
 __all__ = ["MAX_BUCKETS", "ORDERS", "RANDOM_LENGTH", "Order", "send_order", "size_buckets"]
 

@@ -7,7 +7,7 @@
 Every request asks for a stream (``"stream": true``) with the token counts in its last event
 (``"stream_options": {"include_usage": true}``), as vLLM's benchmark does; ``--no-stream``
 asks for one plain answer, counted from its ``usage``. The load generator
-reads a stream's events without parsing them (``loadgen.OUTPUT``, ``loadgen.usage``): an
+reads a stream's events without parsing them (``wire.OUTPUT``, ``wire.usage``): an
 event is a *token* when it carries text (``delta.content`` or ``delta.reasoning_content`` for
 chat, ``text`` for completions, not empty), and the one event that carries ``usage`` is kept
 and read once. A response's output tokens are ``usage.completion_tokens`` when the server sent
@@ -21,9 +21,9 @@ from typing import Any, Callable, Literal
 import orjson
 
 from ..exceptions import ConfigError
-from .loadgen import SSE, Result, error_kind
 from ..sections import Tokens
 from ..stats import Distribution, summarize
+from .wire import SSE, Result, error_kind
 
 __all__ = ["API", "DEFAULT_MAX_TOKENS", "api_of", "asked_tokens", "first_model", "models_url", "request_bodies", "token_stats"]
 

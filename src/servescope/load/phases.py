@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..sections import Http
 from ..stats import Distribution
-from .loadgen import Result, error_kind
+from .wire import Result, error_kind
 
 __all__ = ["http_phases"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..exceptions import ConfigError, ServerTimingError
-from .loadgen import OVERSIZED, Result, error_kind, streamed
 from ..servertiming import server_timing_durations
+from .wire import OVERSIZED, Result, error_kind, streamed
 
 __all__ = ["COLUMNS", "RequestLog", "request_rows"]
 

@@ -26,8 +26,8 @@ import urllib.request
 from typing import Any, Callable
 
 from ..exceptions import ConfigError, require
-from .loadgen import URL
 from .telemetry import Gpu, GpuDevice, MetricsWindow, Range, ServerMetrics
+from .wire import URL
 
 __all__ = ["MAX_BODY", "Nvml", "Sampler", "http_get"]
 

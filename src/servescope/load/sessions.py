@@ -28,7 +28,8 @@ import orjson
 from ..exceptions import ConfigError
 from ..sections import Sessions, TurnRow
 from ..stats import Distribution
-from .loadgen import SSE, LoadGenerator, Result, URL, _connect_error, build_requests, error_kind, schedule
+from .loadgen import LoadGenerator
+from .wire import SSE, Result, URL, _connect_error, build_requests, error_kind, schedule
 
 __all__ = ["SessionGenerator", "SessionPlan", "answer_text", "session_stats", "turn_body"]
 

@@ -4,7 +4,7 @@
     section.ttft["p50_ms"], section.itl["p99_ms"]
 
 A *token* is a chunk of a chunked response, or a Server-Sent Event carrying ``data``, as the
-load generator saw it arrive (``loadgen.Result.stream``). Every figure counts from the
+load generator saw it arrive (``wire.Result.stream``). Every figure counts from the
 request's start: the earlier of its scheduled and its actual send time, so in open loop a
 server that stalls cannot hide the wait of requests due during the stall (coordinated
 omission). Gaps between tokens need one more step in open loop: a stream that stalls for 1 s
@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .loadgen import SSE
 from ..sections import BURST_MS, Stream
 from ..stats import Distribution
+from .wire import SSE
 
 __all__ = ["MIN_EXPECTED_MS", "Streamed", "overdue", "stream_stats"]
 
@@ -36,7 +36,7 @@ MIN_EXPECTED_MS = BURST_MS
 
 class Streamed(NamedTuple):
     """One successful streamed response: its start (the earlier of scheduled and sent), its
-    kind (``loadgen.CHUNKED`` or ``SSE``), when its head arrived, when each token arrived (ns)."""
+    kind (``wire.CHUNKED`` or ``SSE``), when its head arrived, when each token arrived (ns)."""
 
     start_ns: int
     kind: int

@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .loadgen import Result, error_kind
 from ..sections import Timeline, Window
+from .wire import Result, error_kind
 
 __all__ = ["MAX_WINDOWS", "MIN_PER_WINDOW", "WIDTHS_S", "timeline", "window_width"]
 
