@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,16 +13,7 @@ import pytest
 import servescope
 from servescope.exceptions import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _generate():
-    sys.path.insert(0, str(ROOT / "examples" / "serve"))
-    try:
-        from generate import Generate
-    finally:
-        sys.path.pop(0)
-    return Generate
+from test_serve_stream import _generate
 
 
 def _calls(app, calls):
