@@ -11,7 +11,7 @@ from . import common
 from .common import duration, positive_int
 
 NAME = "serve"
-#: The exit status when the model fails to load or warm up (70: a batch got stuck, see serve/app.py).
+#: The exit status when the model fails to load or warm up (70: a batch got stuck, see serve/lifecycle.py).
 EXIT_START_FAILED = 3
 HELP = "serve a servescope.Model with batching, warm-up and Server-Timing"
 EPILOG = "exit status: 0 stopped by SIGINT/SIGTERM, 2 bad arguments, 3 the model failed to load or warm up, 70 a batch outlived its deadline"

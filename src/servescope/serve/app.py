@@ -16,6 +16,9 @@ Server-Sent Events with ``Accept: text/event-stream`` (ended by ``data: [DONE]``
 stages before the first chunk, and a client that sends ``TE: trailers`` gets the complete
 breakdown in a ``Server-Timing`` trailer (under ``servescope serve``, whose HTTP/1.1 protocol
 sends trailers).
+
+A prediction's answer (queued, streamed, replied) is answer.py's; loading, warm-up, the
+watchdog and shutdown are lifecycle.py's: their methods are ``ServeApp``'s.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from typing import Any, Callable
 
 import orjson
 
-from ..exceptions import ConfigError, InvalidPayload
+from ..exceptions import ConfigError
 from ..recorder import Recorder
 from ..report import Report
-from ..servertiming import format_ns
-from .asgi import Metrics, disconnected, error_body, expire, push, read_too_slow, resolve, respond
+from .answer import CLIENT_LEFT, Answering, invalid_payload  # noqa: F401 - re-exported
+from .asgi import Metrics, error_body, read_too_slow, respond
 from .batching import Batcher, Item
+from .lifecycle import EXIT_STUCK, MAX_REPLACEMENTS, Lifecycle  # noqa: F401 - re-exported
 from .limits import HttpLimits
 from .model import Model
 from .openai import OpenAIFront
@@ -46,31 +50,8 @@ __all__ = ["ServeApp"]
 
 log = logging.getLogger("servescope")
 
-#: The error kind of a request whose client closed the connection before its answer was complete.
-CLIENT_LEFT = "client left"
-#: The exit status of a process the watchdog ends (``on_stuck="exit"``): a supervisor restarts it.
-EXIT_STUCK = 70
-#: Workers replaced (``on_stuck="replace"``) before the watchdog gives up and fails /ready for good:
-#: each stuck thread holds what it held, and a model that hangs every worker will hang the next.
-MAX_REPLACEMENTS = 3
 
-def invalid_payload(exc: BaseException, debug: bool = False) -> str:
-    """What a 422 says: the field, where the exception names one (a missing key), never the
-    exception's own text (it may carry secrets: a URL with its password, a path), unless
-    debugging."""
-    if isinstance(exc, InvalidPayload):  # written for the client by the model's author
-        return f"invalid payload: {exc}"
-    if debug:
-        return f"invalid payload: {type(exc).__name__}: {exc}"
-    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], (str, int)):
-        return f"invalid payload: missing field {exc.args[0]!r}"
-    field = getattr(exc, "field", None)  # a validate() that raises with the field it checked
-    if isinstance(field, str):
-        return f"invalid payload: field {field!r} is not valid"
-    return f"invalid payload: rejected by validate() ({type(exc).__name__})"
-
-
-class ServeApp:
+class ServeApp(Answering, Lifecycle):
     """The runtime as an ASGI app. Build it with ``servescope.serve(model, ...)``."""
 
     def __init__(
@@ -200,154 +181,6 @@ class ServeApp:
         self.debug_errors = bool(debug_errors)
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}"
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    async def startup(self) -> None:
-        """Start loading in the background: /health answers at once, /ready when warm."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self.runtime.on_batch_done = self._deliver  # type: ignore[attr-defined]
-        self.runtime.on_stream = self._on_stream
-        self.runtime.on_progress = self.batcher.progress
-        if self.metrics is not None:  # items per forward (queue depth is read at scrape time)
-            self.runtime.on_forward = self.metrics.batch_size.observe
-        if self.state == "starting":  # not loaded beforehand with load_now()
-            threading.Thread(target=self.load_now, name="servescope-load", daemon=True).start()
-
-    def _threads_switched(self, before: int, after: int, why: str) -> None:
-        """The tuner moved torch's threads: /info and /metrics say the count now, and why."""
-        self.info.update(torch_threads=after, threads_from="adapted while serving", threads_why=why)
-        if self.metrics is not None:
-            self.metrics.threads.clear()
-            self.metrics.threads.labels(source="adapted while serving").set(after)
-
-    def load_now(self) -> str:
-        """Load and warm up in this thread; returns the state ("ready" or "failed"). For hosts
-        that decide readiness themselves (a Ray replica is routed to once its constructor ends)."""
-        try:
-            self.state = "loading"
-            info = self.runtime.load()
-            if self.metrics is not None and "torch_threads" in info:
-                self.metrics.threads.labels(source=info["threads_from"]).set(info["torch_threads"])
-            self.state = "warming up"
-            t0 = time.perf_counter()
-            if self.example is not None:
-                info["warmup_batch_sizes"] = self.runtime.warm_up(self.example, self.warmup_batch_sizes)
-            else:
-                info["warmup_batch_sizes"] = []
-                log.warning("servescope: no example payload: serving without warm-up (set Model.example)")
-            info["warmup_s"] = round(time.perf_counter() - t0, 3)
-            if self.example is not None:
-                self._lone_ns = self._time_one(self.example)
-                info["inline"] = self._lone_ns < self.inline_below_ns
-            info["max_batch_size"] = self.batcher.max_batch_size
-            self.info = info
-            # from now on a stream advances a round at a time, between batches (warm-up ran each
-            # to its end): a request that comes while others stream starts at once
-            self.runtime.live = []
-            self.batcher.advance = self.runtime.advance
-            info["threads_adapt"] = self.runtime.adapt_threads(on_switch=self._threads_switched)
-            self.batcher.start()
-            self.state = "ready"
-            threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()
-            log.info(
-                "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
-                "torch threads %s of %s CPUs (from %s%s); max_batch_size %d; a lone request %s",
-                info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"],
-                info.get("torch_threads", "-"), info["cpus_available"], info.get("threads_from", "-"),
-                ", adapted while serving" if info["threads_adapt"] else "", self.batcher.max_batch_size,
-                "runs on the event loop (no thread hand-off)" if info.get("inline") else "goes through the worker",
-            )  # fmt: skip
-        except Exception as exc:
-            self.state = "failed"
-            self.failure = f"{type(exc).__name__}: {exc}"
-            log.error("servescope: start-up failed: %s", self.failure, exc_info=exc)
-            if self._server is not None:  # run() owns the server: stop it
-                self._server.should_exit = True
-        finally:
-            self._ready.set()
-        return self.state
-
-    def _watch(self) -> None:
-        """The watchdog's thread: a look at the running batch four times per ``batch_timeout_s``
-        (at least every quarter second), for as long as the app serves."""
-        interval = min(0.25, self.batch_timeout_s / 4)
-        while self.state in ("ready", "stuck"):
-            time.sleep(interval)
-            self.check_stuck()
-
-    def check_stuck(self, now_ns: int | None = None) -> bool:
-        """Whether the running batch has outlived ``batch_timeout_s``; if so, act on it: a new
-        worker takes the queue (``on_stuck="replace"``, up to ``MAX_REPLACEMENTS`` times, then
-        /ready fails for good), or the process ends with ``EXIT_STUCK`` (``"exit"``)."""
-        started = self.batcher.batch_started_ns
-        if started is None or self.state != "ready":
-            return False
-        ran_s = ((self.batcher.clock() if now_ns is None else now_ns) - started) / 1e9
-        if ran_s <= self.batch_timeout_s:
-            return False
-        self.stuck = f"a batch ran {ran_s:.1f} s, over batch_timeout_s={self.batch_timeout_s:g}: the model's code did not return"
-        if self.on_stuck == "exit":
-            self.state = "stuck"
-            log.critical("servescope: %s; exiting with status %d so that the process supervisor restarts it", self.stuck, EXIT_STUCK)
-            for handler in logging.getLogger().handlers + log.handlers:
-                handler.flush()
-            os._exit(EXIT_STUCK)
-        if self.batcher.replacements >= MAX_REPLACEMENTS:
-            self.state = "failed"
-            self.failure = f"{self.stuck}; the worker got stuck {MAX_REPLACEMENTS + 1} times, so it is not replaced again"
-            log.error("servescope: %s", self.failure)
-            return True
-        log.error(
-            "servescope: %s; a new worker takes the queue (replacement %d of %d), the stuck thread is abandoned",
-            self.stuck, self.batcher.replacements + 1, MAX_REPLACEMENTS,
-        )  # fmt: skip
-        self.batcher.replace_worker()
-        if self.metrics is not None:
-            self.metrics.replacements.inc()
-        return True
-
-    def _time_one(self, example: Any, runs: int = 3) -> int:
-        """A lone item's time through the runtime (the best of ``runs``), in ns."""
-        value = self.model.validate(example)
-        best = None
-        for _ in range(runs):
-            t = time.perf_counter_ns()
-            self.runtime.process([Item(value)])
-            took = time.perf_counter_ns() - t
-            best = took if best is None else min(best, took)
-        return best or 0
-
-    def wait_started(self, timeout: float | None = None) -> str:
-        """Block until start-up has finished (or ``timeout`` s); returns the state."""
-        self._ready.wait(timeout)
-        return self.state
-
-    async def wait_ready(self, timeout: float = 60.0) -> str:
-        """Wait until start-up has finished (ready or failed); returns the state."""
-        await asyncio.get_running_loop().run_in_executor(None, self._ready.wait, timeout)
-        return self.state
-
-    async def shutdown(self) -> None:
-        """Finish queued work, then stop the worker."""
-        if self.state != "failed":  # a failed start-up stays failed: run() reports it
-            self.state = "stopping"
-        await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop)
-
-    def run(self, host: str = "127.0.0.1", port: int = 8000, **uvicorn_options: Any) -> str:
-        """Serve on uvicorn with this app's HTTP limits (head size and deadline, connections)
-        until SIGINT/SIGTERM, which finish in-flight requests first, or until loading or
-        warm-up fails (the server stops: nothing is served by a process that cannot serve).
-        Returns the final state: "stopping", or "failed" with the reason in ``failure``.
-        ``uvicorn module:app`` serves the app too, with the body limits and deadlines but
-        uvicorn's own head handling, and a failed start-up answering 503 on /ready."""
-        import uvicorn
-
-        options = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 30, **self.limits.uvicorn_options()}
-        server = uvicorn.Server(uvicorn.Config(self, host=host, port=port, **{**options, **uvicorn_options}))
-        self._server = server
-        server.run()
-        return self.state
 
     async def _report_body(self) -> bytes:
         """The /report body: the one built within the interval, the one being built, or a new one."""
@@ -535,204 +368,6 @@ class ServeApp:
             lone is not None and lone < self.inline_below_ns and self._open == 0 and self._active == 0
             and self.batcher.idle()
         )  # fmt: skip
-
-    async def _queued(
-        self,
-        receive: Any,
-        send: Any,
-        item_value: Any,
-        accept: str,
-        t0: int,
-        durations: dict[str, int],
-        *,
-        unvalidated: bool = False,
-        trailers: bool = False,
-    ) -> None:
-        """The usual path: through the batch worker, with the deadline and disconnect watch."""
-        loop = self._loop or asyncio.get_running_loop()
-        future: asyncio.Future[Item] = loop.create_future()
-        item = Item(item_value, future=future, accept=accept, unvalidated=unvalidated)
-        if unvalidated:
-            item.durations["validate"] = durations.pop("validate", 0)
-        if not self.batcher.submit(item):
-            await self._reply(send, 503, error_body("server busy: the queue is full, retry later"), t0, durations, retry=True)
-            return
-        watcher = None
-        try:
-            if self.batcher.busy or self.batcher.depth() > 1:  # it will wait: free its slot if the client leaves
-                watcher = asyncio.ensure_future(disconnected(receive))
-                done, _ = await asyncio.wait({future, watcher}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
-                if future not in done:
-                    item.cancelled = True
-                    if watcher in done:  # the client is gone: nobody to answer, but it is counted
-                        self.recorder.record_ns({**durations, **item.durations}, time.perf_counter_ns() - t0, CLIENT_LEFT)
-                        return
-                    raise asyncio.TimeoutError
-            else:
-                # one timer instead of wait_for's wrapper future: this is every request's path
-                timer = loop.call_later(self.timeout_s, expire, future)
-                try:
-                    await future
-                finally:
-                    timer.cancel()
-        except asyncio.TimeoutError:
-            item.cancelled = True
-            await self._reply(send, 504, error_body(f"no answer within {self.timeout_s:g} s"), t0, durations)
-            return
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-        await self._answer(send, item, t0, durations, accept, receive, trailers)
-
-    async def _answer(
-        self, send: Any, item: Item, t0: int, durations: dict[str, int], accept: str, receive: Any, trailers: bool = False
-    ) -> None:
-        if item.channel is not None:  # the model yielded: its chunks are on their way
-            await self._stream(send, receive, item, t0, durations, trailers)
-            return
-        durations.update(item.durations)
-        if item.error is not None and item.status == 422:  # validate() refused it, or preprocess missed a field
-            rid = self._request_id()
-            exc = item.exc
-            log.warning("servescope: request %s: invalid payload: %s: %s", rid, type(exc).__name__, exc)
-            await self._reply(send, 422, self._error(invalid_payload(exc, self.debug_errors), rid), t0, durations, request_id=rid)  # type: ignore[arg-type]
-            return
-        if item.error is not None:
-            rid = self._request_id()
-            stage = item.stage or "model"
-            log.error("servescope: request %s failed in %s: %s", rid, stage, item.error, exc_info=item.exc)
-            message = f"internal error in the model's {stage}" + (f": {item.error}" if self.debug_errors else "")
-            await self._reply(send, item.status, self._error(message, rid), t0, durations, request_id=rid)
-            return
-        ctype = b"application/msgpack" if accept == "msgpack" else b"application/json"
-        await self._reply(send, 200, item.body or b"null", t0, durations, content_type=ctype)
-
-    async def _stream(self, send: Any, receive: Any, item: Item, t0: int, durations: dict[str, int], trailers: bool) -> None:
-        """Send a streamed answer chunk by chunk as the worker makes them; a failure after the
-        first chunk ends the stream with an error line (SSE: an ``error`` event), since the
-        status has gone out. Time to the first chunk and between chunks go to the recorder."""
-        now = time.perf_counter_ns
-        sse = item.accept == "sse"
-        head = {**durations, **(item.head_timing or {})}
-        timing = format_ns(head, max((item.first_ns or now()) - t0, 0)) + self.timing_suffix
-        headers = [
-            (b"content-type", b"text/event-stream" if sse else b"application/x-ndjson"),
-            (b"cache-control", b"no-cache"),
-            (b"server-timing", timing.encode()),
-        ]
-        if trailers:
-            headers.append((b"trailer", b"server-timing"))
-        await send({"type": "http.response.start", "status": 200, "headers": headers, "trailers": trailers})
-        channel = item.channel
-
-        def left(task: asyncio.Future[None]) -> None:
-            if not task.cancelled():  # the client closed the connection: stop the model's work
-                item.cancelled = True
-                channel.put_nowait(None)
-
-        watcher = asyncio.ensure_future(disconnected(receive))
-        watcher.add_done_callback(left)
-        first = last = 0
-        gaps: list[int] = []
-        try:
-            while True:
-                chunk = await channel.get()
-                if chunk is None:
-                    break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                item.sent += len(chunk)  # (the worker makes the next chunks while the reader keeps up)
-                t = now()
-                if first:
-                    gaps.append(t - last)
-                else:
-                    first = t - t0
-                last = t
-        finally:
-            watcher.cancel()
-            if not item.ended:  # the client left, or this handler was cancelled (shutdown): stop the model's work
-                item.cancelled = True
-        if item.cancelled and not item.ended:  # the client left: nobody to finish for, but it is counted
-            self.recorder.record_ns({**durations, **item.durations}, now() - t0, CLIENT_LEFT)
-            return
-        error = None
-        if item.error is not None:
-            rid = self._request_id()
-            stage = item.stage or "model"
-            log.error("servescope: request %s failed in %s, mid-stream: %s", rid, stage, item.error, exc_info=item.exc)
-            message = self._error(f"internal error in the model's {stage}" + (f": {item.error}" if self.debug_errors else ""), rid)
-            await send({"type": "http.response.body", "body": b"event: error\ndata: " + message + b"\n\n" if sse else message + b"\n", "more_body": True})
-            error = "stream failed"
-        total = now() - t0
-        final = {**durations, **item.durations}
-        end = b"data: [DONE]\n\n" if sse and self.sse_done and error is None else b""
-        await send({"type": "http.response.body", "body": end, "more_body": False})
-        if trailers:
-            value = (format_ns(final, total) + self.timing_suffix).encode()
-            await send({"type": "http.response.trailers", "headers": [(b"server-timing", value)], "more_trailers": False})
-        self.recorder.record_ns(final, total, error)
-        if first:
-            self.recorder.record_stream(first, gaps)
-
-    def _on_stream(self, items: list[Item]) -> None:
-        """From the worker thread: hand streamed chunks (and ends) to the event loop, in one wake-up."""
-        batch = []
-        for it in items:
-            chunks, it.chunks = it.chunks, []
-            if it.future is not None:
-                batch.append((it, chunks or [], it.ended))
-            else:  # warm-up's items have no one to send to: nothing waits for a reader
-                it.sent = it.handed
-        if batch and threading.get_ident() == self._loop_thread:  # a stream started inline, on the loop
-            push(batch)
-        elif batch and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(push, batch)
-            except RuntimeError:  # the loop is closed
-                pass
-
-    def _request_id(self) -> str:
-        return f"{self._id_prefix}-{next(self._ids):x}"
-
-    @staticmethod
-    def _error(message: str, request_id: str) -> bytes:
-        return orjson.dumps({"error": message, "request_id": request_id})
-
-    def _deliver(self, items: list[Item]) -> None:
-        """From the worker thread: hand a finished batch back to the event loop, in one wake-up."""
-        futures = [(it.future, it) for it in items if it.future is not None]
-        if futures and threading.get_ident() == self._loop_thread:  # run inline, on the loop: no hand-off
-            resolve(futures)
-        elif futures and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(resolve, futures)
-            except RuntimeError:  # the loop is closed: a worker abandoned as stuck woke after the server stopped
-                pass
-
-    async def _reply(
-        self,
-        send: Any,
-        status: int,
-        body: bytes,
-        t0: int,
-        durations: dict[str, int],
-        *,
-        retry: bool = False,
-        content_type: bytes = b"application/json",
-        request_id: str | None = None,
-        close: bool = False,
-    ) -> None:
-        total = time.perf_counter_ns() - t0
-        timing = format_ns(durations, total) + self.timing_suffix
-        headers = [(b"content-type", content_type), (b"server-timing", timing.encode())]
-        if retry:
-            headers.append((b"retry-after", b"1"))
-        if request_id is not None:
-            headers.append((b"x-request-id", request_id.encode()))
-        if close:
-            headers.append((b"connection", b"close"))
-        await respond(send, status, body, headers)
-        error = None if status < 400 else f"HTTP {status}"
-        self.recorder.record_ns(durations, total, error)  # /metrics is computed from it
 
     async def _serve_metrics(self, send: Any) -> None:
         if self.metrics is None:
