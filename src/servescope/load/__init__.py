@@ -2,6 +2,7 @@
 ``doctor/`` and ``serve/``.
 
     loadgen.py      the open- and closed-loop generator (raw HTTP/1.1, asyncio)
+    conn.py         one keep-alive connection: a request out, its answer read (httptools)
     wire.py         what it sends and keeps: the URL, raw requests, schedules, one Result per request
     bench.py        a run: levels, warm-up, one Report per level (``run_bench``)
     results.py      a level's results as a Report: stages, throughput, the ``load`` section
