@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import itertools
 
 import numpy as np
@@ -441,3 +442,44 @@ def test_a_warm_up_backlog_above_capacity_is_said_and_none_below():
     # 20/s against the same server: nothing queued when the window opens
     assert results_report(over_capacity(20, 20.0, 3.0), measure_from_ns=1000 * MS, open_loop=True).load.warmup_backlog is None
     assert results_report(over_capacity(100, 20.0, 3.0), measure_from_ns=1000 * MS).load.warmup_backlog is None  # closed loop: none said
+
+
+def test_closed_loop_throughput_is_the_work_done_in_the_window_without_a_warm_up():
+    """c=4 of 525 ms answers for 12 s, measured from the first send: whole completions read 4%
+    low (nothing ends in the first 525 ms); each answer's share of the window reads 4/0.525."""
+    from servescope.load.results import completion_rate
+
+    ms = 1_000_000
+    results = []
+    for slot in range(4):
+        t = slot * 7 * ms  # the four connections a few ms apart, as they open
+        while t < 12_500 * ms:
+            results.append(Result(t, t, t + 525 * ms, 200, None, None))
+            t += 525 * ms + 50_000  # 0.05 ms between an answer and the next send
+    measured = [r for r in results if r.scheduled_ns < 12_000 * ms]
+    ok = len(measured)
+    rate, _ = completion_rate(results, measured, ok, 0, 12_000 * ms, closed=True)
+    assert rate == pytest.approx(4 / 0.52505, rel=0.002)
+    whole, _ = completion_rate(results, measured, ok, 0, 12_000 * ms)
+    assert whole < 0.97 * 4 / 0.525  # what counting whole completions said
+
+
+def test_an_open_loop_send_counts_from_its_due_time_only_when_the_generator_was_held_up():
+    from servescope.load.loadgen import LATE_NS, counted_from
+
+    assert counted_from(1_000_000_000, 1_000_300_000) is None  # 0.3 ms late: the timer's jitter, from the send
+    assert counted_from(1_000_000_000, 999_900_000) is None  # woken early and sent at once
+    assert counted_from(1_000_000_000, 1_000_000_000 + LATE_NS + 1) == 1_000_000_000  # held up: from when it was due
+
+
+def test_the_progress_line_costs_the_loop_nothing_when_no_one_sees_it():
+    from rich.console import Console
+
+    from servescope.renderers.progress import BenchProgress
+
+    class Untouchable:
+        def progress_since(self, seen):
+            raise AssertionError("read while the bar is off")
+
+    with BenchProgress(Console(file=io.StringIO()), seconds=1.0, requests=None) as progress:
+        progress.tick("concurrency=1", Untouchable())

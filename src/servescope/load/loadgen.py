@@ -61,10 +61,22 @@ __all__ = [
 ]  # fmt: skip
 
 _EARLY_NS = 200_000
+#: Open loop: a request sent on a free connection later than this after it was due counts from
+#: its due time (the generator was held up: by its own work, or by a CPU the server took from
+#: it, which a user on another machine would not have waited for); sent within it, from the
+#: send itself: the timer's own jitter (a sleep wakes up to ~1 ms late) is not the server's time.
+#: A request that waited for a connection always counts from its due time.
+LATE_NS = 1_000_000
 
 #: After ``stop()`` (Ctrl-C), how long the requests under way get to finish, in seconds; a run
 #: that ends on its own gives each its whole timeout (the requests due in it all count).
 STOP_DRAIN_S = 2.0
+def counted_from(due: int, now: int) -> int | None:
+    """What an open loop's request sent at ``now`` on a free connection counts from: its due
+    time when the send is more than ``LATE_NS`` late, else its send (None)."""
+    return due if now - due > LATE_NS else None
+
+
 class LoadGenerator:
     """Sends ``requests`` (cycled) to ``target``; collects one ``Result`` per request.
 
@@ -365,7 +377,7 @@ class LoadGenerator:
                 if self.idle:
                     conn = self.idle.pop()
                     if conn.open:
-                        self._send(conn, due)
+                        self._send(conn, counted_from(due, now))
                         continue
                 self.pending.append(due)
                 if len(self.conns) + self.connecting < self.max_connections:
