@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import orjson
+from ref_streamer import _json, _read_body  # (this folder: the servers run from it)
 
 SERVICE_S = 0.020
 STALL_EVERY_S = float(os.environ.get("REF_STALL_EVERY_S", "0"))
@@ -60,20 +61,6 @@ def _start_stalls(epoch: float) -> None:
         task.cancel()
     _staller.clear()
     _staller.append(asyncio.ensure_future(_stall_loop(epoch)))
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks, more = [], True
-    while more:
-        msg = await receive()
-        chunks.append(msg.get("body", b""))
-        more = msg.get("more_body", False)
-    return b"".join(chunks)
-
-
-async def _json(send: Any, status: int, data: Any) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": orjson.dumps(data)})
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
