@@ -261,11 +261,3 @@ def completion_rate(
         return ok / span_s, span_s
     rate = completed / span_s
     return rate, ok / rate
-    span_s = max((end - measure_from_ns) / 1e9, 1e-9)
-    completed = sum(1 for r in results if measure_from_ns <= r.done_ns <= end and error_kind(r) is None)
-    if not completed or not ok:  # nothing ended in the window (responses longer than it): to the last end
-        last = max(done_ok, default=end)
-        span_s = max((last - measure_from_ns) / 1e9, 1e-9)
-        return ok / span_s, span_s
-    rate = completed / span_s
-    return rate, ok / rate
