@@ -138,12 +138,22 @@ def test_the_runtime_moves_to_the_count_its_forwards_run_fastest_at(monkeypatch)
 
 
 def test_a_count_plainly_worse_is_tried_twice_not_five_times():
-    cost = {1: 2.0, 2: 30.0}  # settled at 1 after a neighbour came; two threads still 15x slower
+    cost = {1: 2.0, 2: 6.0}  # settled at 1; two threads 3x slower
     t, clock, _, switched, forwards = tuner(cost, start=1)
     t.choices = [1, 2]
     clock.t = PERIOD_S
     ran = forwards(2 * SAMPLES)
     assert ran[:4] == [1, 2, 1, 2] and ran[4:] == [1] * (2 * SAMPLES - 4)  # after two slow ones, two threads are dropped
+    assert t.current == 1 and not switched and t.explorations == 1
+
+
+def test_a_count_far_worse_is_tried_once():
+    cost = {1: 2.0, 2: 30.0}  # settled at 1 after a neighbour came; two threads still 15x slower
+    t, clock, _, switched, forwards = tuner(cost, start=1)
+    t.choices = [1, 2]
+    clock.t = PERIOD_S
+    ran = forwards(2 * SAMPLES)
+    assert ran[:3] == [1, 2, 1] and ran[3:] == [1] * (2 * SAMPLES - 3)  # one forward 15x slower is enough
     assert t.current == 1 and not switched and t.explorations == 1
 
 

@@ -12,8 +12,8 @@ The tuner explores at its first forwards, then runs settled at one count. Now an
 at once when the settled forwards grow 1.5x slower than at the last decision) it explores
 again: the next forwards alternate between the counts (A B A B, so a change in the machine
 hits both alike), and the count whose median time per item is lowest by a margin is kept. A
-count plainly worse after two tries is dropped from the rest (each of its forwards is a slow
-request). An exploration that keeps the count waits twice as long before the next one (up to
+count plainly worse after two tries (or far worse after one) is dropped from the rest (each
+of its forwards is a slow request). An exploration that keeps the count waits twice as long before the next one (up to
 ``MAX_PERIOD_S``); a switch starts over from ``PERIOD_S``.
 The clock is injected (tests drive it by hand).
 """
@@ -40,8 +40,10 @@ SAMPLES, MARGIN = 5, 0.85
 #: the settled forwards' median per item, this many times the one at the decision: explore now
 DRIFT = 1.5
 #: a count tried twice whose fastest forward is this many times slower than the current
-#: count's median is not tried again in this exploration
-HOPELESS = 2.0
+#: count's median is not tried again in this exploration; tried once, this many times slower
+#: (a neighbour's core: 5-16x), not even a second time (each such forward holds every request
+#: queued behind it: the p99 of the whole window)
+HOPELESS, HOPELESS_AT_ONCE = 2.0, 4.0
 
 
 def thread_choice(requested: int | None, cpus: float) -> tuple[int, str]:
@@ -132,7 +134,10 @@ class ThreadTuner:
         if len(mine) < 2:
             return
         ref = statistics.median(mine)
-        hopeless = {n for n, v in self._seen.items() if n != self.current and len(v) >= 2 and min(v) > HOPELESS * ref}
+        hopeless = {
+            n for n, v in self._seen.items()
+            if n != self.current and (len(v) >= 2 and min(v) > HOPELESS * ref or min(v) > HOPELESS_AT_ONCE * ref)
+        }  # fmt: skip
         if hopeless:
             self._plan = [n for n in self._plan if n not in hopeless]
             if set(self._plan) == {self.current}:  # nothing left to compare with
