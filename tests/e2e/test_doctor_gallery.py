@@ -40,6 +40,8 @@ EXPECTED = {
     "sklearn_pandas_starlette.py:app": {"slow-preprocess", "event-loop-blocked"},
     "sklearn_healthy_function.py:predict": set(),
     "sklearn_healthy_fastapi.py:app": set(),
+    # Pillow: the pixels read as a Python list (the fix quotes that line: test below)
+    "image_getdata_fastapi.py:app": {"slow-preprocess"},
 }
 
 #: the payload and route of the examples that do not take x256.json at /predict
@@ -52,6 +54,7 @@ ARGS = {
     "sklearn_healthy_function.py:predict": ("rows16.json", "/predict"),
     "onnx_healthy_flask.py:app": ("rows16.json", "/predict"),
     "sklearn_healthy_fastapi.py:app": ("rows16.json", "/predict"),
+    "image_getdata_fastapi.py:app": ("image.json", "/predict"),
 }
 
 
@@ -79,6 +82,8 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
     assert found == EXPECTED[target], [(f["id"], f["severity"], f["evidence"]) for f in report["findings"]]
     for f in report["findings"]:
         assert f["fix"] and f["evidence"] and f["title"]
+        if target == "image_getdata_fastapi.py:app":  # the user's own line, quoted, with the idiom that replaces it
+            assert "list(img.getdata())" in f["fix"] and "np.asarray(img" in f["fix"]
     assert "Baseline p50 latency" in p.stdout
     assert report["diagnosis"]["evidence"]["seconds"] < 90  # a minute and a half at most, on 2 cores
 
