@@ -49,8 +49,10 @@ def test_a_trace_is_sent_at_its_own_times_with_its_own_sizes(test_server, tmp_pa
     seen = []
     options = BenchOptions(url=f"{test_server}/delay", trace=trace, trace_speedup=2.0, duration_s=None, warmup_s=0)
     run_bench(options, on_results=lambda mode, level, results, start: seen.extend(results))
-    due = sorted(r.scheduled_ns for r in seen)
-    assert np.allclose(np.diff(due) / MS, np.diff([t for t, _, _ in in_order]) / 2, atol=0.01)
+    # each counts from its due time, or from its send when that was within 1 ms of it (the timer's
+    # jitter, loadgen.LATE_NS): so each start is within 1 ms of the trace's time, halved
+    start = sorted(min(r.scheduled_ns, r.sent_ns) for r in seen)
+    assert np.allclose(np.diff(start) / MS, np.diff([t for t, _, _ in in_order]) / 2, atol=2.01)
     assert max(r.sent_ns - r.scheduled_ns for r in seen) < 200 * MS  # (bound generously: a busy machine wakes late)
 
 
