@@ -41,6 +41,8 @@ def test_exceptions_logged_by_the_server_are_kept_once_each_with_the_users_line(
 def test_a_known_exception_gets_its_cause_and_fix_in_the_failing_requests_finding():
     assert "per thread" in known_failure("RuntimeError: Inference tensors cannot be saved for backward")
     assert known_failure("ZeroDivisionError: division by zero") is None
+    numpy_answer = "ValueError: [TypeError(\"'numpy.int64' object is not iterable\"), TypeError('vars() argument must have __dict__ attribute')]"
+    assert ".item()" in known_failure(numpy_answer) and known_failure("TypeError: 'numpy.int64' has no len()") is None
     ev = healthy(app_exceptions=["RuntimeError: Inference tensors cannot be saved for backward (app.py:22 tokens) x8"])
     ev.concurrent.errors = 8
     [f] = diagnose_evidence(ev).findings

@@ -63,3 +63,15 @@ def test_an_image_sent_as_base64_is_varied_in_its_pixels_not_its_text():
     assert len(base64.b64decode(varied["audio"])) == 204  # it still decodes
     protein = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQ"  # only looks like base64
     assert vary(protein) != protein and len(vary(protein)) == len(protein)
+
+
+def test_rows_given_as_nested_lists_are_a_batch_the_probe_can_replay():
+    """model.predict([features]), as scikit-learn tutorials call it: one row, replicated to
+    any batch size, and the same rows fingerprinted alike (repeated-work can be checked)."""
+    from servescope.doctor.inputs import fingerprint, number_rows, replicate
+
+    rows = [[0.1, 0.2, 3]]
+    assert number_rows(rows) == rows and number_rows([[0.1], ["a"]]) is None and number_rows([[]]) is None
+    assert number_rows(([1.0],)) is None  # (a tuple is a call's (args, kwargs), not rows)
+    assert replicate(rows, 4) == [[0.1, 0.2, 3]] * 4
+    assert fingerprint(rows) == fingerprint([[0.1, 0.2, 3]]) != fingerprint([[0.1, 0.2, 4]])

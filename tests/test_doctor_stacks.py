@@ -272,3 +272,18 @@ def test_the_users_own_hot_line_gets_the_idiom_that_replaces_it(tmp_path):
     assert sampler.line_of("torch/nn/modules/linear.py:125 forward (50% of the time, 9 samples)") is None
     loop = fix_for_hot_spot("postprocess", "app.py:9 f (60% of the time, 9 samples)", True, "for i in range(len(scores)):")
     assert "numpy" in loop and "corpus_embeddings" not in loop
+
+
+def test_an_estimator_called_on_nested_lists_is_replayed_at_other_batch_sizes():
+    from sklearn.ensemble import RandomForestClassifier
+
+    X = np.random.default_rng(0).normal(size=(200, 4))
+    clf = RandomForestClassifier(n_estimators=20, random_state=0).fit(X, (X[:, 0] > 0).astype(int))
+
+    def predict(payload):
+        return {"p": float(clf.predict_proba([payload["features"]])[0, 1])}  # a list of one row, as tutorials do
+
+    rep = diagnose(predict, payload={"features": [0.1, 0.2, 0.3, 0.4]}, options=FAST_NO_FIXES)
+    ev = rep.diagnosis.evidence
+    assert ev["warm"]["forwards"]["batch_sizes"] == [1] and ev["batch_probe"]["error"] is None
+    assert set(ev["batch_probe"]["per_item_ms"]) >= {"1", "16"}

@@ -26,8 +26,15 @@ LOGGERS = ("uvicorn.error", "")
 #: distinct exceptions kept
 MAX_KEPT = 5
 
-#: Exceptions whose cause is known: (text in the message, the fix: its cause in comments, then code).
-KNOWN_FAILURES = (
+#: Exceptions whose cause is known: (text in the message, or texts that must all be in it; the
+#: fix: its cause in comments, then code).
+KNOWN_FAILURES: tuple[tuple[str | tuple[str, ...], str], ...] = (
+    (
+        ("'numpy.", "is not iterable"),
+        "# the answer holds numpy values (np.int64, np.float32, an array), which FastAPI's JSON encoder\n"
+        "# cannot encode: a 500 after the model ran. Return Python values:\n"
+        "return {'y_pred': prediction[0].item()}            # or float(...), int(...), array.tolist()",
+    ),
     (
         "Inference tensors cannot be saved for backward",
         "# torch.inference_mode() is per thread, and a StreamingResponse's generator is resumed on\n"
@@ -54,7 +61,7 @@ KNOWN_FAILURES = (
 
 def known_failure(text: str) -> str | None:
     """The known cause and fix of an exception, from its text, or None."""
-    return next((fix for needle, fix in KNOWN_FAILURES if needle in text), None)
+    return next((fix for needle, fix in KNOWN_FAILURES if all(n in text for n in ((needle,) if isinstance(needle, str) else needle))), None)
 
 
 class ExceptionLog(logging.Handler):
@@ -91,7 +98,11 @@ class ExceptionLog(logging.Handler):
         return [f"{text} x{n}" if n > 1 else text for text, n in self.seen.items()]
 
 
-_LIBS = tuple(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)) + (os.path.dirname(os.__file__),)
+#: where code is not the user's: installed libraries, the standard library, and servescope itself
+#: (its probes and middleware wrap the user's calls, and may be installed from a checkout)
+_LIBS = tuple(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)) + (
+    os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+)
 
 
 def summary(exc: BaseException) -> str:

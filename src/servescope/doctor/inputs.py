@@ -85,6 +85,18 @@ def texts_of(obj: Any, depth: int = 0) -> list[str] | None:
     return None
 
 
+def _is_row(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in v)
+
+
+def number_rows(obj: Any) -> list[Any] | None:
+    """Rows of numbers given as nested lists (``model.predict([features])``, as scikit-learn
+    tutorials call it), or None: a list whose every item is a non-empty list of numbers."""
+    if isinstance(obj, list) and obj and len(obj) <= 4096 and all(_is_row(v) for v in obj):
+        return obj
+    return None
+
+
 def text_batch(obj: Any) -> int | None:
     """How many texts a call was given, or None when it was given none."""
     texts = texts_of(obj)
@@ -143,6 +155,11 @@ def fingerprint(obj: Any) -> str | None:
         except Exception:  # an exotic array type: its shape alone
             continue
         seen = True
+    rows = number_rows(obj) if not seen else None
+    if rows is not None:
+        h.update(repr(("rows", len(rows))).encode())
+        h.update(repr(rows[:64]).encode())
+        return h.hexdigest()
     if not seen:
         texts = texts_of(obj)
         if texts is None:
@@ -182,6 +199,8 @@ def replicate(obj: Any, b: int, depth: int = 0) -> Any:
         return tuple(replicate(v, b, depth + 1) for v in obj)
     if isinstance(obj, list) and obj and not any(_is_array(v) or isinstance(v, (Mapping, list, tuple)) for v in obj):
         return [obj[0]] * b  # a list of rows (texts, feature lists): one row replicated
+    if number_rows(obj) is not None:
+        return [list(obj[0]) for _ in range(b)]  # rows of numbers as nested lists: the first row, b times
     if isinstance(obj, list):
         return [replicate(v, b, depth + 1) for v in obj]
     return obj

@@ -36,7 +36,7 @@ import weakref
 from typing import Any, Callable
 
 from ..timing import current_stage_name, stage
-from .inputs import decode_step, detached, fingerprint, first_array, pad_share, replicate, text_batch
+from .inputs import decode_step, detached, fingerprint, first_array, number_rows, pad_share, replicate, text_batch
 from .context import _evidence, _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
 from .keys import key_of
 from .late import ImportWatch
@@ -340,6 +340,9 @@ class Probes(StackProbes, TorchCallProbes):
         x = first_array(inputs)
         device = getattr(x, "device", None)
         texts = text_batch(inputs) if x is None else None
+        if x is None and texts is None:
+            rows = number_rows(inputs)  # model.predict([features]): rows as nested lists
+            texts = len(rows) if rows is not None else None
         seq, cached = decode_step(inputs)
         return {
             "seq": seq,

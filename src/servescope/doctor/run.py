@@ -45,7 +45,7 @@ from .evidence import (
 from .batchprobe import batch_probe
 from .probes import Probes
 from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
-from .failures import ExceptionLog
+from .failures import ExceptionLog, known_failure
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
@@ -354,6 +354,12 @@ class _Run:
             errors = [w.error for w in self.warm if w.error]
             if errors:
                 v.reason = f"{len(errors)} of {len(self.warm)} warm requests failed; the first: {errors[0]}"
+                raised = self.exceptions.summaries()
+                if raised:  # the server's log says why: the reason a user needs first
+                    v.reason += f"; the endpoint raised: {'; '.join(raised[:2])}"
+                    known = next((k for k in map(known_failure, raised) if k), None)
+                    if known is not None:  # its cause, in a line (the fix's first comment)
+                        v.reason += f". Known cause: {known.splitlines()[0].lstrip('# ')} ..."
             else:
                 v.reason = f"only {len(ok)} warm requests ran; at least {MIN_OK_REQUESTS} are needed"
         statuses = {o.status for o in [self.cold, *self.warm] if o is not None and o.error}
@@ -467,6 +473,7 @@ class _Run:
         if self.cold is not None:
             report.latency["first_ms"] = round(self.cold.latency_ms, 4)
         failures = sorted({x.error for x in [self.cold, *self.warm, *self.conc] if x is not None and x.error})
+        failures += [f"raised: {r}" for r in self.exceptions.summaries()]
         diagnosis = report.diagnosis = Diagnosis(
             verdict=verdict, endpoint_errors=failures[:5], probes_disabled=dict(self.probes.disabled)
         )
