@@ -1,13 +1,14 @@
 """#15's streaming benchmark: a decoder streamed token by token, servescope.serve against the
 FastAPI StreamingResponse endpoint people write.
 
-    python bench/serve_stream.py [--seconds 10]
+    python bench/serve_stream.py [--seconds 10] [--neighbour]
 
 The decoder of examples/serve/generate.py (GPT-2 shape, 2 layers, 128 wide, KV cache, greedy),
 32 prompts of 2 to 60 words cycled, 32 new tokens each, Server-Sent Events. Each server alone
 on loopback, loaded by servescope bench at concurrency 8 and 1: tokens per second in all, time
 to the first token, the gaps between tokens. Then the physical limits, in this process: the
-same decode loop one sequence at a time, and in batches of 8.
+same decode loop one sequence at a time, and in batches of 8. ``--neighbour`` keeps one core
+busy with another process for the whole run, the same for every server (#24).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _servers import each_server, free_port  # bench/ is on the path: run as a script
+from _servers import each_server, free_port, neighbour  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
@@ -70,6 +71,7 @@ def decode_loop(batch: int, seconds: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--neighbour", action="store_true", help="keep one core busy with another process for the whole run")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     bodies = []
@@ -89,10 +91,12 @@ def main() -> None:
         bench(url, bodies, 8, 2, tmp / "warm.json")
         return {8: bench(url, bodies, 8, args.seconds, tmp / "c8.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
 
-    rows = each_server(servers, url, bodies[0].read_bytes(), measure, cwd=SERVERS, env=env)
-    one, eight = decode_loop(1, args.seconds / 2), decode_loop(8, args.seconds / 2)
+    with neighbour(args.neighbour):
+        rows = each_server(servers, url, bodies[0].read_bytes(), measure, cwd=SERVERS, env=env)
+        one, eight = decode_loop(1, args.seconds / 2), decode_loop(8, args.seconds / 2)
     print(f"decoder of examples/serve/generate.py, {TOKENS} tokens per request, SSE, servescope bench, {args.seconds:g} s at c=8, "
-          f"{args.seconds / 2:g} s at c=1, loopback, {os.cpu_count()} CPUs")  # fmt: skip
+          f"{args.seconds / 2:g} s at c=1, loopback, {os.cpu_count()} CPUs"
+          f"{', a neighbour keeping one core busy' if args.neighbour else ''}")  # fmt: skip
     print(f"{'server':<38} {'c':>2} {'req/s':>7} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'errors':>6}")
     for name, r in rows.items():
         if "skipped" in r:
