@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from _servers import free_port  # bench/ is on the path: run as a script
+from _servers import free_port, stop_group  # bench/ is on the path: run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "bench" / "servers"
@@ -183,19 +183,8 @@ def start_server(kind: str) -> tuple[subprocess.Popen, int]:
             return proc, port
         except OSError:
             time.sleep(0.1)
-    stop_server(proc)
+    stop_group(proc)
     raise RuntimeError(f"{module} not ready in 30 s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
 
 
 def get(port: int, path: str, method: str = "GET") -> Any:
@@ -763,7 +752,7 @@ def main() -> None:
                     print(f"  exit {run['rc']}, {run['wall_s']:.1f} s, {server.get('requests')} requests, CPU {run['cpu_s']:.2f} s", flush=True)
                     time.sleep(1)
             finally:
-                stop_server(proc)
+                stop_group(proc)
             results["scenarios"][sc.name] = entry
     results["machine"]["load_after"] = os.getloadavg()
     results["machine"]["during"] = neighbours.stop()
