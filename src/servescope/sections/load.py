@@ -61,6 +61,16 @@ class GeneratorRow(Section):
 BURST_MS = 0.1
 
 
+def merged_distributions(parts: list[Any], where: str) -> dict[str, Distribution]:
+    """Each distribution (by name) of the parts' ``distributions``, merged across them."""
+    dists: dict[str, Distribution] = {}
+    for p in parts:
+        for name, data in p.distributions.items():
+            d = Distribution.from_dict(data, where=f"{where}.distributions.{name}")
+            dists[name] = dists[name].merge(d) if name in dists else d
+    return dists
+
+
 @dataclass(kw_only=True)
 class Stream(Section):
     """Streamed responses among the successes (chunked, or Server-Sent Events): docs/bench.md
@@ -118,13 +128,7 @@ class Stream(Section):
         have: list[Stream] = [p for p in parts if p is not None]
         if not have:
             return None
-        names = list(dict.fromkeys(n for p in have for n in p.distributions))
-        dists: dict[str, Distribution] = {}
-        for name in names:
-            for p in have:
-                d = p.distribution(name)
-                if d is not None:
-                    dists[name] = dists[name].merge(d) if name in dists else d
+        dists = merged_distributions(have, "load.stream")
         for name, why in (
             ("chunks_per_s", "each run's rate is over its own window, which may or may not overlap the others'"),
             ("itl_expected_ms", "each run corrected its gaps with its own expected interval"),
@@ -348,11 +352,7 @@ class Http(Section):
         have: list[Http] = [p for p in parts if p is not None]
         if not have:
             return None
-        dists: dict[str, Distribution] = {}
-        for p in have:
-            for name, data in p.distributions.items():
-                d = Distribution.from_dict(data, where=f"load.http.distributions.{name}")
-                dists[name] = dists[name].merge(d) if name in dists else d
+        dists = merged_distributions(have, "load.http")
         dns = [p.dns_ms for p in have if p.dns_ms is not None]
         return cls.from_distributions(dists, connections=sum(p.connections for p in have), dns_ms=max(dns) if dns else None)
 
