@@ -3,6 +3,8 @@ told apart and the event loop's busy runs timed, on events written by hand (time
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from servescope.doctor.evidence import Evidence, MissingEvidence
@@ -280,3 +282,23 @@ def test_options_that_do_not_go_together_are_one_line_and_exit_2(args, message, 
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_torn_stack_dump_of_a_busy_process_is_read_again_not_called_a_refusal(tmp_path, monkeypatch):
+    from servescope.doctor.live import spy
+
+    tries = tmp_path / "tries"
+    fake = tmp_path / "py-spy"  # fails twice the way py-spy does when the stacks changed mid-read
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'n=$(cat {tries} 2>/dev/null || echo 0); echo $((n+1)) > {tries}\n'
+        'if [ "$n" -lt 2 ]; then echo "Error: Failed to get stack traces" >&2; exit 1; fi\n'
+        "echo '[{\"thread_id\": 1}, {\"thread_id\": 2}]'\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(spy, "py_spy", lambda: str(fake))
+    assert spy.check_target(os.getppid()) == 2
+    assert tries.read_text().strip() == "3"
+    tries.write_text("-5")  # always torn: said after the last try
+    with pytest.raises(spy.AttachError, match="Failed to get stack traces"):
+        spy.check_target(os.getppid())

@@ -62,6 +62,12 @@ def _why_not(pid: int, stderr: str) -> str:
     return f"py-spy could not attach to process {pid}: {said.strip()}"
 
 
+#: A ``--nonblocking`` dump reads the stacks while the process runs, and fails with this when
+#: they changed under it (a busy server): tried again, up to ``_DUMP_TRIES`` times in all.
+_TORN = "Failed to get stack traces"
+_DUMP_TRIES = 3
+
+
 def check_target(pid: int, timeout_s: float = 15.0) -> int:
     """One stack dump (``py-spy dump --json``): proves the doctor may attach and that the
     process runs Python, before anything else happens. Returns its Python threads' count."""
@@ -69,12 +75,16 @@ def check_target(pid: int, timeout_s: float = 15.0) -> int:
         raise AttachError(f"--pid must be a process id, got {pid}")
     if pid == os.getpid():
         raise AttachError("--pid is the doctor's own process: give the server's")
-    try:
-        done = subprocess.run(
-            [py_spy(), "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True, text=True, timeout=timeout_s, env=_QUIET
-        )
-    except subprocess.TimeoutExpired:
-        raise AttachError(f"py-spy did not finish reading process {pid} within {timeout_s:g} s") from None
+    for attempt in range(_DUMP_TRIES):
+        try:
+            done = subprocess.run(
+                [py_spy(), "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True, text=True, timeout=timeout_s, env=_QUIET
+            )
+        except subprocess.TimeoutExpired:
+            raise AttachError(f"py-spy did not finish reading process {pid} within {timeout_s:g} s") from None
+        if done.returncode == 0 or _TORN not in done.stderr + done.stdout or attempt == _DUMP_TRIES - 1:
+            break
+        time.sleep(0.2)  # a torn read: the process changed its stacks while py-spy read them
     if done.returncode != 0:
         raise AttachError(_why_not(pid, done.stderr + done.stdout))
     try:
