@@ -58,7 +58,8 @@ def serve_threads(base: str) -> str:
     """The torch threads servescope.serve runs at now, and where the number came from."""
     text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
     found = re.search(r'^servescope_torch_threads\{source="([^"]+)"\} ([\d.]+)$', text, re.M)
-    return f"{float(found.group(2)):g} ({found.group(1)})" if found else "?"
+    wait = re.search(r'^servescope_openmp_wait_policy\{policy="([^"]+)",source="([^"]+)"\} 1', text, re.M)
+    return (f"{float(found.group(2)):g} ({found.group(1)})" if found else "?") + (f"; OpenMP wait {wait.group(1)} ({wait.group(2)})" if wait else "")
 
 
 def forward_loop(batch_size: int, seconds: float) -> float:
@@ -86,6 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--neighbour", action="store_true", help="keep one core busy with another process for the whole run")
+    ap.add_argument("--wait-policy", action="store_true", help="add the FastAPI endpoint with OMP_WAIT_POLICY=PASSIVE (its user's own fix)")
     args = ap.parse_args()
     from minilm import texts
 
@@ -97,13 +99,18 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SERVERS), str(HERE.parent / "src")])}
     port = free_port()
     uv = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    # servescope.serve as its command line starts it (which chooses OpenMP's wait policy before
+    # the file imports torch: docs/serve.md "A shared machine")
+    ours = [sys.executable, "-m", "servescope", "serve", "minilm_servescope.py:Embedder", "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "16"]
     servers = {
-        "servescope.serve (max_batch_size 16)": [*uv, "minilm_servescope:app"],
+        "servescope.serve (max_batch_size 16)": ours,
         "FastAPI, correct (sync def, orjson)": [*uv, "minilm_fastapi:app"],
         "LitServe batched (16, 5 ms)": [sys.executable, str(SERVERS / "minilm_litserve.py"), str(port)],
     }
+    if args.wait_policy:  # what the FastAPI endpoint gets from the same policy, set by its user
+        servers["FastAPI, OMP_WAIT_POLICY=PASSIVE"] = ["env", "OMP_WAIT_POLICY=PASSIVE", *uv, "minilm_fastapi:app"]
     if args.neighbour:  # what adapting the threads is worth: the same server at the CPU count, fixed
-        servers["servescope.serve, threads fixed"] = ["env", f"OMP_NUM_THREADS={os.cpu_count()}", *uv, "minilm_servescope:app"]
+        servers["servescope.serve, threads fixed"] = ["env", f"OMP_NUM_THREADS={os.cpu_count()}", *ours]
     threads: dict[str, str] = {}
     url = f"http://127.0.0.1:{port}/predict"
     batch = None

@@ -81,8 +81,11 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SERVERS), str(HERE.parent / "src")])}
     port = free_port()
     uv = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    # servescope.serve as its command line starts it (it chooses OpenMP's wait policy before
+    # the file imports torch: docs/serve.md "A shared machine")
+    ours = [sys.executable, "-m", "servescope", "serve", "gen_servescope.py:Generate", "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "16"]
     servers = {
-        "servescope.serve (max_batch_size 16)": [*uv, "gen_servescope:app"],
+        "servescope.serve (max_batch_size 16)": ours,
         "FastAPI StreamingResponse (correct)": [*uv, "gen_fastapi:app"],
     }
     url = f"http://127.0.0.1:{port}/predict"

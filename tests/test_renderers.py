@@ -280,3 +280,20 @@ def test_a_closed_loop_max_far_above_the_p99_says_a_stall_may_be_hidden_and_how_
     for ms in [30.0] * 199 + [60.0]:
         steady.record_durations({"infer": ms}, ms)
     assert hidden_stall(steady.report(mode="closed loop", concurrency=1)) == ""
+
+
+def test_a_busy_machine_with_spinning_openmp_threads_says_the_milliseconds_may_be_off_and_what_to_set():
+    from servescope.renderers.doctor import _machine
+    from servescope.sections import Diagnosis
+
+    def said(environment: dict) -> str:
+        rep = Recorder().report(title="t")
+        machine = {"busy": True, "why_busy": "other processes kept 1.0 of 2 cores busy while the doctor measured"}
+        rep.diagnosis = Diagnosis(evidence={"machine": machine, "environment": environment})
+        return " ".join(t.plain for t in _machine(rep))
+
+    spins = said({"torch_threads": 2, "omp_wait_policy": "default"})
+    assert "The machine was busy" in spins and "OMP_WAIT_POLICY=PASSIVE" in spins and "several-fold" in spins
+    assert "OMP_WAIT_POLICY" not in said({"torch_threads": 2, "omp_wait_policy": "OMP_WAIT_POLICY=PASSIVE"})  # theirs, set
+    assert "OMP_WAIT_POLICY" not in said({"torch_threads": 1, "omp_wait_policy": "default"})  # one thread: no team to stall
+    assert "OMP_WAIT_POLICY" not in said({"torch_threads": 2, "omp_wait_policy": None})  # no OpenMP runtime loaded

@@ -420,6 +420,13 @@ def test_threads_beyond_the_cpus_other_processes_leave_free_are_a_misfit_when_fe
     assert f.id == "thread-oversubscription" and "left free by other processes (0.9 of 2)" in f.title
     assert f.evidence["cpus_free"] == 0.9 and "torch.set_num_threads(1)" in f.fix
     assert (f.saving_ms, f.saving_basis, f.severity) == (48.0, "measured", "critical")
+    assert "OMP_WAIT_POLICY" not in f.fix  # (no OpenMP runtime was seen loaded)
+    # OpenMP's default wait (spinning first): the policy that keeps the threads is offered too
+    busy.environment.omp_wait_policy = "default"
+    [f] = diagnose_evidence(busy).findings
+    assert "OMP_WAIT_POLICY=PASSIVE" in f.fix and "not tried by the doctor" in f.fix and "torch.set_num_threads(1)" in f.fix
+    busy.environment.omp_wait_policy = "OMP_WAIT_POLICY=ACTIVE"  # the user's own: not second-guessed
+    assert "PASSIVE" not in diagnose_evidence(busy).findings[0].fix
     # fewer threads won nothing measurable: the pool is no misfit here
     busy.experiments["torch-threads"].low_ms = -3.0
     assert diagnose_evidence(busy).findings == []

@@ -351,6 +351,7 @@ def test_two_workers_on_one_port_both_answer_and_report_every_request_once():
     assert len(workers) == 2, workers
     assert counts == {base + 60}, (base, counts)  # whichever worker answers /report: every request, once
     assert f'servescope_requests_total{{status="200"}} {float(base + 60)}' in metrics  # /metrics merged too
+    assert 'servescope_openmp_wait_policy{policy="PASSIVE",source="servescope"} 1.0' in metrics  # (set for the workers too)
 
 
 def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all():
@@ -423,3 +424,5 @@ def test_serve_keeps_answering_with_a_cpu_hog_beside_it():
     assert not rep.errors and rep.load.requests.ok >= 50
     assert rep.latency["p99_ms"] < 2000
     assert "servescope_torch_threads{source=" in metrics
+    # set before the example's file imported torch: OpenMP's idle threads sleep, not spin
+    assert 'servescope_openmp_wait_policy{policy="PASSIVE",source="servescope"} 1.0' in metrics

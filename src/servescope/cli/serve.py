@@ -52,6 +52,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from ..exceptions import ConfigError
     from ..loader import load_target
     from ..serve import Routes, ServeApp, as_app, model_of
+    from ..openmp import prefer_passive_wait
 
     if args.ray_address is not None:  # the old spelling: --ray --ray-address ADDRESS
         if args.ray is None:
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--replicas goes with --ray")
     if args.ray is None:  # on Ray, the port is its proxy's, which may already be up
         common.check_port_free(args.host, args.port)
+    prefer_passive_wait()  # (before the user's file loads torch, and OpenMP with it)
     obj = load_target(args.target)
     options = {
         k: v

@@ -220,6 +220,9 @@ class Environment:
     workers: int = 1
     blas_threads: int | None = None  # the largest BLAS/OpenMP pool numpy and friends use (threadpoolctl)
     ort_threads: int | None = None  # the largest ONNX Runtime intra-op pool (0 in its options: one per core)
+    #: how OpenMP's idle threads wait: the user's setting ("OMP_WAIT_POLICY=PASSIVE"), "default"
+    #: (spin, then sleep), or None when no OpenMP runtime is loaded
+    omp_wait_policy: str | None = None
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..environment import CpuReading, available_cpus, idle_cpu_seconds
+from ..openmp import openmp_loaded, wait_policy_set
 from ..exceptions import EndpointError
 from ..recorder import Recorder
 from ..report import Report
@@ -445,6 +446,7 @@ class _Run:
                 workers=1,
                 blas_threads=blas_threads(),
                 ort_threads=max((n or (os.cpu_count() or 1) for n in self.probes.ort_threads), default=None),
+                omp_wait_policy=(wait_policy_set() or "default") if openmp_loaded() else None,
             ),
             hot_spots=hot,
             hot_spots_in_user_code={k: self.sampler.is_user_code(v) for k, v in hot.items()},

@@ -75,6 +75,15 @@ def _machine(report: Report) -> list[Any]:
         "blocks with and without it, so both saw the same machine; a slow first request is only claimed when a fresh "
         "process repeats it."
     )
+    env = evidence.get("environment") or {}
+    if isinstance(env, dict) and env.get("omp_wait_policy") == "default" and (env.get("torch_threads") or 0) >= 2:
+        text += (
+            " torch's OpenMP threads spin before they sleep (OpenMP's default: OMP_WAIT_POLICY is not set). Beside a "
+            "neighbour that makes a process's speed depend on its threads' history (one endpoint served twice by uvicorn "
+            "beside one busy core: 1,100 and 99 ms a request, docs/benchmarks.md), so the milliseconds below may be "
+            "several-fold off your server's. Set OMP_WAIT_POLICY=PASSIVE in the server's environment and run the doctor "
+            "again with it for figures to bank on."
+        )
     return [Text(text, style="yellow")]
 
 

@@ -4,7 +4,7 @@ removed, throughput gained), never as a per-request figure at one caller."""
 
 from __future__ import annotations
 
-from ..doctor.evidence import Concurrent, Evidence, MissingEvidence, WhatIf
+from ..doctor.evidence import Concurrent, Environment, Evidence, MissingEvidence, WhatIf
 from ..report import Finding
 from .causes import (
     GIL_CORES,
@@ -376,6 +376,20 @@ def _threads_from_outside(ev: Evidence) -> list[Finding]:
     ]
 
 
+def _torch_env_fix(env: Environment, contended: bool) -> str:
+    """The environment's way to the same fix; beside a neighbour, with OpenMP's default wait
+    (its idle threads spin before they sleep), the policy that keeps the threads for when the
+    neighbour leaves: the spinning is what stalls each parallel region (docs/benchmarks.md:
+    1,100 -> 99 ms a request, and no cost on the quiet machine)."""
+    text = "\n# or OMP_NUM_THREADS in the environment"
+    if contended and env.omp_wait_policy == "default":
+        text += (
+            "\n# or keep the threads for when the neighbour leaves, and let idle ones sleep instead of spinning:"
+            "\n# OMP_WAIT_POLICY=PASSIVE in the server's environment (read when torch loads: not tried by the doctor)"
+        )
+    return text
+
+
 def thread_oversubscription(ev: Evidence) -> list[Finding]:
     if ev.target_kind == "pid":
         return _threads_from_outside(ev)
@@ -424,7 +438,7 @@ def thread_oversubscription(ev: Evidence) -> list[Finding]:
             sev,
             title,
             evidence,
-            fix=fixes[worst] + ("\n# or OMP_NUM_THREADS in the environment" if worst == "torch_threads" else ""),
+            fix=fixes[worst] + (_torch_env_fix(env, contended) if worst == "torch_threads" else ""),
             saving_ms=saving.ms if saving is not None and saving.ms else None,
             detail=saving.detail if saving is not None else "",
             **(saving.fields() if saving is not None and saving.ms else {}),

@@ -84,6 +84,9 @@ class Metrics:
         self.threads = prom.Gauge(
             "servescope_torch_threads", "torch intra-op threads, and where the number came from", ["source"], registry=self.registry
         )
+        self.omp_wait = prom.Gauge(
+            "servescope_openmp_wait_policy", "How OpenMP's idle threads wait (1 for the policy in force), and who chose it", ["policy", "source"], registry=self.registry
+        )
         self.replacements = prom.Counter(
             "servescope_worker_replacements", "Workers replaced after a batch outlived batch_timeout_s", registry=self.registry
         )

@@ -82,6 +82,8 @@ class Lifecycle:
             info = self.runtime.load()
             if self.metrics is not None and "torch_threads" in info:
                 self.metrics.threads.labels(source=info["threads_from"]).set(info["torch_threads"])
+            if self.metrics is not None:
+                self.metrics.omp_wait.labels(policy=info["omp_wait_policy"], source=info["omp_wait_from"]).set(1)
             self.state = "warming up"
             t0 = time.perf_counter()
             if self.example is not None:
@@ -105,10 +107,10 @@ class Lifecycle:
             threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()
             log.info(
                 "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
-                "torch threads %s of %s CPUs (from %s%s); max_batch_size %d; a lone request %s",
+                "torch threads %s of %s CPUs (from %s%s), OpenMP's idle threads %s; max_batch_size %d; a lone request %s",
                 info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"],
                 info.get("torch_threads", "-"), info["cpus_available"], info.get("threads_from", "-"),
-                ", adapted while serving" if info["threads_adapt"] else "", self.batcher.max_batch_size,
+                ", adapted while serving" if info["threads_adapt"] else "", self.runtime.wait.words, self.batcher.max_batch_size,
                 "runs on the event loop (no thread hand-off)" if info.get("inline") else "goes through the worker",
             )  # fmt: skip
         except Exception as exc:

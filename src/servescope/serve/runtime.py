@@ -31,6 +31,7 @@ from .collate import (
 )
 from .model import Model
 from .streaming import _END, _FAILED, Streaming, _fail, _Steps
+from ..openmp import prefer_passive_wait
 from .threads import ThreadTuner, thread_choice, thread_choices
 
 __all__ = ["Runtime", "collate", "split"]
@@ -85,6 +86,8 @@ class Runtime(Streaming):
             device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
         self.device = device
         cpus = available_cpus()
+        self.wait = prefer_passive_wait()  # (before the model's load() may import torch)
+        self.info.update(self.wait.as_info())
         if torch is not None:
             threads, source = thread_choice(self.requested_threads, cpus)
             torch.set_num_threads(threads)
