@@ -4,6 +4,8 @@ calls, ONNX Runtime, scikit-learn, executors, decode loops (in-process, small in
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -287,3 +289,28 @@ def test_an_estimator_called_on_nested_lists_is_replayed_at_other_batch_sizes():
     ev = rep.diagnosis.evidence
     assert ev["warm"]["forwards"]["batch_sizes"] == [1] and ev["batch_probe"]["error"] is None
     assert set(ev["batch_probe"]["per_item_ms"]) >= {"1", "16"}
+
+
+def _sort_then_release(data: list[int]) -> int:
+    ordered = sorted(data)  # one C call of a ms or two that holds the GIL
+    time.sleep(0.0002)  # the next line lets the GIL go (as numpy, I/O and torch do)
+    return ordered[0]
+
+
+def test_a_c_call_that_holds_the_gil_is_sampled_on_its_own_line_not_the_next():
+    import threading
+
+    from servescope.doctor.sampler import StackSampler
+
+    data = np.random.default_rng(0).integers(0, 1 << 30, 15_000).tolist()  # sorted in ~3 ms: under the 5 ms switch interval
+    line = _sort_then_release.__code__.co_firstlineno + 1
+    sampler = StackSampler()
+    with sampler, sampler.precise_lines():
+        start = time.perf_counter_ns()
+        worker = threading.Thread(target=lambda: [_sort_then_release(data) for _ in range(100)])
+        worker.start()
+        worker.join()
+        end = time.perf_counter_ns()
+    spots = sampler.hot_spots({"preprocess": [(start, end)]}, top=1)
+    assert f"test_doctor_stacks.py:{line} _sort_then_release" in spots["preprocess"], spots
+    assert sys.getswitchinterval() == 0.005  # restored

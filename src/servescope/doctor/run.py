@@ -144,7 +144,8 @@ class _Run:
             self.cold = self.endpoint.request(self.body, o.timeout_s)
             with self.sampler:
                 reading = CpuReading()
-                self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
+                with self.sampler.precise_lines():
+                    self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
                 if any(w.error for w in self.warm):
                     self._check_the_probes()
                 if not any(w.error is None for w in self.warm):

@@ -10,13 +10,14 @@ are busy in Python, on time when they run native code that releases it).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import linecache
 import os
 import statistics
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from .evidence import LoopActivity
 
@@ -55,6 +56,27 @@ class StackSampler:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(1)
+
+    #: the GIL's switch interval while lines are sampled (see ``precise_lines``)
+    PRECISE_SWITCH_S = 0.0005
+
+    @contextlib.contextmanager
+    def precise_lines(self) -> Iterator[None]:
+        """Samples that land on the line that took the time, for the sequential requests. A C
+        call that holds the GIL (``list(img.getdata())``) keeps the sampler waiting; with
+        Python's switch interval (5 ms) the waiting sampler asks for the GIL only 5 ms on, by
+        when a call shorter than that has returned and the thread is on a later line, which
+        gets the time. With a shorter interval the sampler asks while the call still runs and
+        gets the GIL as it returns, on its own line (a 3.4 ms call: 5% of its time on its line
+        at 5 ms, 90% at 0.5 ms). Only while one request runs at a time: under concurrent
+        requests the interval would change how their threads take turns on the GIL, which the
+        doctor measures there. Restored after."""
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(min(before, self.PRECISE_SWITCH_S))
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(before)
 
     def _run(self) -> None:
         me = threading.get_ident()
