@@ -364,3 +364,57 @@ def test_the_batch_probe_interleaves_sizes_so_a_burst_of_contention_slows_each_o
 
     probe = batch_probe(None, replay, None, (1, 2, 4))
     assert probe.best_batch == 4 and probe.gain is not None and probe.gain > 2.0, probe.per_item_ms
+
+
+def test_on_a_busy_machine_the_batch_probe_also_times_each_size_on_the_fewer_threads_left_free():
+    import contextlib
+    import threading
+
+    from servescope.doctor.batchprobe import batch_probe
+
+    class Torch:  # torch's thread counts as they behave: a thread's pool is fixed when it first computes
+        def __init__(self) -> None:
+            self.default, self.local = 2, threading.local()
+
+        def set_num_threads(self, n: int) -> None:
+            self.default = self.local.n = n
+
+        def get_num_threads(self) -> int:
+            if not hasattr(self.local, "n"):
+                self.local.n = self.default
+            return self.local.n
+
+        inference_mode = enable_grad = staticmethod(contextlib.nullcontext)
+
+    torch = Torch()
+
+    def replay(b):
+        def call():
+            stalls = b > 1 and torch.get_num_threads() > 1  # a batched call split across two threads, one core taken
+            time.sleep(0.015 if stalls else 0.0006 + 0.0002 * (b - 1))
+
+        return call
+
+    class Model:
+        def modules(self):
+            return []
+
+    alone = batch_probe(torch, replay, Model(), (1, 2, 4))
+    assert alone.best_batch == 1 and alone.fewer_threads is None  # at the default pool batching "never pays"
+    busy = batch_probe(torch, replay, Model(), (1, 2, 4), fewer_threads=1)
+    assert busy.fewer_threads == 1 and busy.best_batch == 4 and busy.gain > 1.5, busy
+    assert busy.per_item_ms_fewer_threads["4"] < busy.per_item_ms_fewer_threads["1"]
+    assert torch.default == 2  # the default pool size put back for the threads made later
+
+
+def test_a_cpu_reading_says_how_long_until_the_kernels_counts_can_say_how_busy_the_machine_is():
+    from servescope.environment import CpuReading
+
+    now = [100.0]
+    reading = CpuReading()
+    reading._clock, reading.t0 = (lambda: now[0]), 100.0
+    assert reading.readable_in() == CpuReading.MIN_S
+    now[0] += 0.2
+    assert abs(reading.readable_in() - (CpuReading.MIN_S - 0.2)) < 1e-9
+    now[0] += 5.0
+    assert reading.readable_in() == 0.0

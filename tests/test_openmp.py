@@ -34,3 +34,4 @@ def test_a_loaded_openmp_runtime_is_read_from_the_process_maps(tmp_path):
     maps.write_text(maps.read_text() + "7f2-7f3 r-xp 0 08:01 2 /site-packages/torch/lib/libgomp-a34b3233.so.1\n")
     assert openmp_loaded(str(maps)) is True
     assert openmp_loaded(str(tmp_path / "none")) is None
+

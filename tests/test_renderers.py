@@ -286,10 +286,11 @@ def test_a_busy_machine_with_spinning_openmp_threads_says_the_milliseconds_may_b
     from servescope.renderers.doctor import _machine
     from servescope.sections import Diagnosis
 
-    def said(environment: dict) -> str:
+    def said(environment: dict, kinds: tuple[str, ...] = ("torch",)) -> str:
         rep = Recorder().report(title="t")
         machine = {"busy": True, "why_busy": "other processes kept 1.0 of 2 cores busy while the doctor measured"}
-        rep.diagnosis = Diagnosis(evidence={"machine": machine, "environment": environment})
+        warm = {"forwards": {"kinds": kinds}}
+        rep.diagnosis = Diagnosis(evidence={"machine": machine, "environment": environment, "warm": warm})
         return " ".join(t.plain for t in _machine(rep))
 
     spins = said({"torch_threads": 2, "omp_wait_policy": "default"})
@@ -297,3 +298,4 @@ def test_a_busy_machine_with_spinning_openmp_threads_says_the_milliseconds_may_b
     assert "OMP_WAIT_POLICY" not in said({"torch_threads": 2, "omp_wait_policy": "OMP_WAIT_POLICY=PASSIVE"})  # theirs, set
     assert "OMP_WAIT_POLICY" not in said({"torch_threads": 1, "omp_wait_policy": "default"})  # one thread: no team to stall
     assert "OMP_WAIT_POLICY" not in said({"torch_threads": 2, "omp_wait_policy": None})  # no OpenMP runtime loaded
+    assert "OMP_WAIT_POLICY" not in said({"torch_threads": 2, "omp_wait_policy": "default"}, ("scikit-learn",))  # no torch model ran

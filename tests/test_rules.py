@@ -522,3 +522,15 @@ def test_a_vectorisers_batch_is_its_texts_in_one_call_not_stacked_rows():
     assert "tfidf_vectorizer.transform(all_texts)" in fix and "random_forest_classifier.predict_proba(np.vstack(rows))" in fix
     assert "forest" not in fix.split("random_forest")[0]
     compile(fix, "<fix>", "exec")
+
+
+def test_a_batching_gain_found_on_fewer_threads_says_so():
+    from servescope.doctor.evidence import BatchProbe
+    from servescope.rules.concurrency import _fewer_threads_note
+
+    probe = BatchProbe(per_item_ms={"1": 0.6, "16": 0.1}, best_batch=16, gain=6.0)
+    assert _fewer_threads_note(probe) == ""
+    probe.fewer_threads, probe.per_item_ms_fewer_threads = 1, {"1": 0.7, "16": 0.1}
+    assert "torch.set_num_threads(1)" in _fewer_threads_note(probe)
+    probe.per_item_ms_fewer_threads = {"1": 0.7, "16": 0.4}  # the default pool was the faster: nothing to say
+    assert _fewer_threads_note(probe) == ""

@@ -98,6 +98,10 @@ class CpuReading:
         self._clock = time.perf_counter
         self.t0, self.idle0, self.psi0, self.cpu0 = self._clock(), idle_cpu_seconds(), cpu_pressure_us(), time.process_time()
 
+    def readable_in(self) -> float:
+        """Seconds until the phase is long enough for ``since()`` to say idle and others (0: now)."""
+        return max(self.MIN_S - (self._clock() - self.t0), 0.0)
+
     def since(self) -> tuple[float | None, float | None, float | None]:
         import time
 

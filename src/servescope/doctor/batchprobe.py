@@ -4,6 +4,7 @@ batch sizes (and at batch 1 with autograd on and in training mode)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Callable
 
@@ -37,17 +38,62 @@ def _best_each(calls: dict[str, Callable[[], Any]], repeat: int = 9) -> dict[str
     return {k: v * 1000 for k, v in best.items()}
 
 
-def batch_probe(torch: Any, replay: Callable[[int], Callable[[], Any]], model: Any, sizes: tuple[int, ...]) -> BatchProbe:
+def _on_fewer_threads(torch: Any, threads: int, work: Callable[[], dict[str, float]]) -> dict[str, float] | None:
+    """``work()`` on a thread of its own whose torch pool has ``threads`` threads: setting the
+    count sets the default of threads made later too, so it is put back as soon as that
+    thread's pool is settled (the endpoint's threads keep theirs)."""
+    before = torch.get_num_threads()
+    settled, done = threading.Event(), threading.Event()
+    out: list[dict[str, float]] = []
+
+    def run() -> None:
+        try:
+            torch.set_num_threads(threads)
+            torch.get_num_threads()
+        finally:
+            settled.set()
+        try:
+            with torch.inference_mode():
+                out.append(work())
+        except Exception:  # (the default pass stands alone)
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="servescope-batch-probe-fewer").start()
+    settled.wait()
+    torch.set_num_threads(before)
+    done.wait()
+    return out[0] if out else None
+
+
+def batch_probe(
+    torch: Any, replay: Callable[[int], Callable[[], Any]], model: Any, sizes: tuple[int, ...], fewer_threads: int | None = None
+) -> BatchProbe:
     """Time a captured model call at several batch sizes (``replay(b)`` builds the call with
     the first row replicated ``b`` times), under ``inference_mode`` for torch. For a torch
     module (``model``), also batch 1 with autograd on and in eval mode; its training flags are
-    restored, module by module."""
+    restored, module by module.
+
+    ``fewer_threads`` (a busy machine: the CPUs other processes left free): the sizes are timed
+    again on a torch pool of that size, and each size's per-item time is the better of the
+    two. Beside a neighbour a batched call, which torch splits across its threads, can stall
+    at every OpenMP barrier on the thread that shares a core (15 ms where one row takes 0.6),
+    while a lone row runs on one thread: the default pool alone would then say batching never
+    pays, when it pays at the thread count the doctor's thread finding names."""
     quiet = torch.inference_mode if torch is not None and model is not None else contextlib.nullcontext
     out = BatchProbe()
     try:
+        calls = {str(b): replay(b) for b in sizes}
         with quiet():
-            times = _best_each({str(b): replay(b) for b in sizes})
-            out.per_item_ms = {str(b): round(times[str(b)] / b, 4) for b in sizes}
+            times = _best_each(calls)
+        if fewer_threads and torch is not None and model is not None:
+            fewer = _on_fewer_threads(torch, fewer_threads, lambda: _best_each(calls))
+            if fewer is not None:
+                out.per_item_ms_fewer_threads = {k: round(v / int(k), 4) for k, v in fewer.items()}
+                out.fewer_threads = fewer_threads
+                times = {k: min(v, fewer[k]) for k, v in times.items()}
+        out.per_item_ms = {str(b): round(times[str(b)] / b, 4) for b in sizes}
         per_item = out.per_item_ms
         best = min(per_item, key=per_item.__getitem__)
         out.best_batch = int(best)

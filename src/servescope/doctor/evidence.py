@@ -210,6 +210,10 @@ class BatchProbe:
     train_ratio: float | None = None  # as the endpoint runs it / eval(), batch 1
     forward_ms: float | None = None  # batch 1 under inference_mode
     error: str | None = None
+    #: on a busy machine, the sizes timed again on a torch pool of ``fewer_threads`` (the CPUs
+    #: other processes left free); ``per_item_ms`` is then the better of the two, size by size
+    fewer_threads: int | None = None
+    per_item_ms_fewer_threads: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -254,9 +254,14 @@ class _Run:
             )
             return
         replay, model = chosen["replay"], chosen["model"]
+        fewer = None
+        if self.machine.busy and self.probes.torch is not None and model is not None:
+            from .experiments.threads import thread_target
+
+            fewer = thread_target(self._evidence())  # (the CPUs the neighbours left free)
         result: list[BatchProbe] = []
         t = threading.Thread(
-            target=lambda: result.append(batch_probe(self.probes.torch, replay, model, self.options.batch_probe)),
+            target=lambda: result.append(batch_probe(self.probes.torch, replay, model, self.options.batch_probe, fewer)),
             daemon=True,
             name="servescope-batch-probe",
         )
@@ -271,6 +276,10 @@ class _Run:
         """How busy the machine was while the doctor measured (the warm and the concurrent
         requests), said in the report: timings on a busy machine are slower and noisier."""
         m = self.machine
+        if reading.readable_in() > 0 and m.others_cores is None:
+            # requests this fast are over before the kernel's CPU counts say anything: idle the
+            # rest of the reading's minimum (the doctor's own threads do nothing meanwhile)
+            time.sleep(reading.readable_in())
         m.cores_idle, m.others_cores, m.cpu_pressure = reading.since()
         ok = [w.latency_ms for w in self.warm if w.error is None]
         if len(ok) >= 3:

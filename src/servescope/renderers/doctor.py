@@ -76,7 +76,9 @@ def _machine(report: Report) -> list[Any]:
         "process repeats it."
     )
     env = evidence.get("environment") or {}
-    if isinstance(env, dict) and env.get("omp_wait_policy") == "default" and (env.get("torch_threads") or 0) >= 2:
+    forwards = ((evidence.get("warm") or {}).get("forwards") or {}) if isinstance(evidence.get("warm"), dict) else {}
+    torch_model = "torch" in (forwards.get("kinds") or [])  # (torch may be loaded where no torch model runs)
+    if isinstance(env, dict) and env.get("omp_wait_policy") == "default" and (env.get("torch_threads") or 0) >= 2 and torch_model:
         text += (
             " torch's OpenMP threads spin before they sleep (OpenMP's default: OMP_WAIT_POLICY is not set). Beside a "
             "neighbour that makes a process's speed depend on its threads' history (one endpoint served twice by uvicorn "

@@ -4,7 +4,7 @@ removed, throughput gained), never as a per-request figure at one caller."""
 
 from __future__ import annotations
 
-from ..doctor.evidence import Concurrent, Environment, Evidence, MissingEvidence, WhatIf
+from ..doctor.evidence import BatchProbe, Concurrent, Environment, Evidence, MissingEvidence, WhatIf
 from ..report import Finding
 from .causes import (
     GIL_CORES,
@@ -89,10 +89,25 @@ def no_batching(ev: Evidence) -> list[Finding]:
             fix=_DECODE_FIX if decoding else batch_fix(fwd.kinds, fwd.calls),
             saving_ms=saving.ms or None,
             detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1. "
+            + _fewer_threads_note(probe)
             + saving.detail,
             **(saving.fields() if saving.ms else {}),
         )
     ]
+
+
+def _fewer_threads_note(probe: BatchProbe) -> str:
+    """Said when the batch probe's best size ran faster on the smaller torch pool it also tried
+    (a busy machine): the gain is the one batching gives at that thread count."""
+    best = str(probe.best_batch)
+    fewer, default = probe.per_item_ms_fewer_threads.get(best), probe.per_item_ms.get(best)
+    if probe.fewer_threads is None or fewer is None or default is None or fewer > default:
+        return ""
+    return (
+        f"(Beside the other processes, batch {best} ran faster at torch.set_num_threads({probe.fewer_threads}) than at the "
+        "default threads, whose batched calls stall on the thread that shares a core: the gain is batching's at that "
+        "thread count.) "
+    )
 
 
 _DECODE_FIX = (
