@@ -49,6 +49,14 @@ EXPECTED = {
     "gbm_per_request_fastapi.py:app": {"model-load-per-request", "cold-start", "no-batching"},
 }
 
+#: causes that are real on an example but whose measured size sits near the doctor's bar, so a
+#: run may or may not name them; they must be the only extra findings, and the main one first
+MAY_ALSO = {
+    # TfidfVectorizer.transform is Python (a regex and dict counting): 8 callers share one core
+    # (gil-contention), and 16 queries in one transform cost less each than one (no-batching)
+    "tfidf_search_fastapi.py:app": {"gil-contention", "no-batching"},
+}
+
 #: the payload and route of the examples that do not take x256.json at /predict
 ARGS = {
     "hf_search_fastapi.py:app": ("query.json", "/search"),
@@ -86,6 +94,9 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
         # other processes took CPUs while it ran, and fewer torch threads measured faster: on
         # this machine, at this moment, that is true too (the test machine is shared)
         found.discard("thread-oversubscription")
+    if target in MAY_ALSO:
+        found -= MAY_ALSO[target]
+        assert report["findings"][0]["id"] in EXPECTED[target]
     assert found == EXPECTED[target], [(f["id"], f["severity"], f["evidence"]) for f in report["findings"]]
     for f in report["findings"]:
         assert f["fix"] and f["evidence"] and f["title"]
@@ -95,7 +106,7 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
             assert "np.array(list(img.getdata())" in f["fix"] and "np.asarray(img" in f["fix"]
         if target == "gbm_per_request_fastapi.py:app" and f["id"] == "model-load-per-request":
             assert "joblib.load" in f["fix"] and "torch" not in f["fix"] and f["saving_basis"] == "measured"
-        if target == "tfidf_search_fastapi.py:app":  # scikit-learn's call, in its own idiom, measured by trying it
+        if target == "tfidf_search_fastapi.py:app" and f["id"] == "repeated-work":  # scikit-learn's call, in its own idiom, measured
             assert "TfidfVectorizer.transform" in f["fix"] and "torch" not in f["fix"] and f["saving_basis"] == "measured"
     assert "Baseline p50 latency" in p.stdout
     assert report["diagnosis"]["evidence"]["seconds"] < 90  # a minute and a half at most, on 2 cores
