@@ -51,8 +51,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from ..exceptions import ConfigError
     from ..loader import load_target
-    from ..serve import Routes, ServeApp, as_app, model_of
     from ..openmp import prefer_passive_wait
+    from ..serve import Routes, ServeApp, as_app, model_of
 
     if args.ray_address is not None:  # the old spelling: --ray --ray-address ADDRESS
         if args.ray is None:

@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..environment import CpuReading, available_cpus, idle_cpu_seconds
-from ..openmp import openmp_loaded, wait_policy_set
 from ..exceptions import EndpointError
+from ..openmp import openmp_loaded, wait_policy_set
 from ..recorder import Recorder
 from ..report import Report
 from ..sections import Diagnosis, Unattributed, Verdict  # (Verdict: importable from here as before)

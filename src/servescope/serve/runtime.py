@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from ..environment import available_cpus
+from ..openmp import prefer_passive_wait
 from ..timing import OTHER, Trace, resolve_clock, stage
 from .batching import Item
 from .collate import (
@@ -31,7 +32,6 @@ from .collate import (
 )
 from .model import Model
 from .streaming import _END, _FAILED, Streaming, _fail, _Steps
-from ..openmp import prefer_passive_wait
 from .threads import ThreadTuner, thread_choice, thread_choices
 
 __all__ = ["Runtime", "collate", "split"]
@@ -76,6 +76,8 @@ class Runtime(Streaming):
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
         """Pick the device and threads, load once, eval(), and say what was picked."""
+        self.wait = prefer_passive_wait()  # (before torch is imported here or by the model's load())
+        self.info.update(self.wait.as_info())
         torch = _torch()
         try:
             import torch  # noqa: F811 - the runtime is for torch models first
@@ -86,8 +88,6 @@ class Runtime(Streaming):
             device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
         self.device = device
         cpus = available_cpus()
-        self.wait = prefer_passive_wait()  # (before the model's load() may import torch)
-        self.info.update(self.wait.as_info())
         if torch is not None:
             threads, source = thread_choice(self.requested_threads, cpus)
             torch.set_num_threads(threads)
