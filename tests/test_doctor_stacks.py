@@ -314,3 +314,41 @@ def test_a_c_call_that_holds_the_gil_is_sampled_on_its_own_line_not_the_next():
     spots = sampler.hot_spots({"preprocess": [(start, end)]}, top=1)
     assert f"test_doctor_stacks.py:{line} _sort_then_release" in spots["preprocess"], spots
     assert sys.getswitchinterval() == 0.005  # restored
+
+
+def test_model_calls_on_a_thread_the_request_starts_are_credited_to_it():
+    import threading as th
+
+    model = torch.nn.Linear(16, 4).eval()
+
+    def predict(payload):
+        out = []
+
+        def generate():  # as model.generate is run beside a TextIteratorStreamer
+            with torch.inference_mode():
+                out.append(model(torch.ones(1, 16))[0].tolist())
+
+        worker = th.Thread(target=generate)
+        worker.start()
+        worker.join()
+        return {"y": out[0]}
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    assert rep.extra["evidence"]["warm"]["forwards"]["count"] == 6
+    assert "infer" in rep.stages
+
+
+def test_an_async_handler_that_waits_on_a_queue_stops_the_loop_and_its_line_is_named():
+    import queue
+    import threading as th
+
+    async def predict(payload):
+        answers: queue.Queue = queue.Queue()
+        th.Thread(target=lambda: (time.sleep(0.03), answers.put([1.0]))).start()
+        return {"y": answers.get()}  # a blocking get inside async code: the loop stops 30 ms
+
+    options = DoctorOptions(requests=6, concurrency=4, concurrent_requests=16, timeout_s=5.0, experiment_seconds=0)
+    rep = diagnose(predict, payload={}, options=options)
+    [f] = [f for f in rep.findings if f.id == "event-loop-blocked"]
+    assert "blocking wait" in f.title and "test_doctor_stacks.py" in f.evidence["waiting_in"], f.evidence
+    assert f.evidence["loop_waiting_share"] > 0.5

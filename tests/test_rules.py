@@ -534,3 +534,19 @@ def test_a_batching_gain_found_on_fewer_threads_says_so():
     assert "torch.set_num_threads(1)" in _fewer_threads_note(probe)
     probe.per_item_ms_fewer_threads = {"1": 0.7, "16": 0.4}  # the default pool was the faster: nothing to say
     assert _fewer_threads_note(probe) == ""
+
+
+def test_a_loop_stopped_in_a_blocking_wait_is_blocked_and_sized_by_what_the_others_waited():
+    waits = LoopActivity(samples=500, busy_samples=2, busy_share=0.004, longest_busy_ms=4.0, waiting_share=0.97, longest_wait_ms=1500.0,
+                         waiting_in="app.py:22 generate (in transformers/generation/streamers.py:226 __next__) (99% of the time, 500 samples)")  # fmt: skip
+    streamed = healthy(concurrent__loop=waits, concurrent__loop_lag_max_ms=1800.0, concurrent__first_chunk_p50_ms=1585.0,
+                       warm__first_chunk_p50_ms=4.0)  # fmt: skip
+    [f] = diagnose_evidence(streamed).findings
+    assert f.id == "event-loop-blocked" and "blocking wait" in f.title and "app.py:22 generate" in f.evidence["waiting_in"]
+    assert f.saving_ms == pytest.approx(1581.0) and f.saving_basis == "estimated" and "first chunk" in f.saving_load
+    assert "def tokens():" in f.fix and "AsyncTextIteratorStreamer" in f.fix
+    # the selector's wait (an idle loop) is not a blocking wait; nor a short one, nor one no task felt
+    assert diagnose_evidence(healthy(concurrent__loop=LoopActivity(samples=500, waiting_share=0.0), concurrent__loop_lag_max_ms=1800.0)).findings == []
+    short = LoopActivity(samples=500, waiting_share=0.9, longest_wait_ms=8.0)
+    assert diagnose_evidence(healthy(concurrent__loop=short, concurrent__loop_lag_max_ms=1800.0)).findings == []
+    assert diagnose_evidence(healthy(concurrent__loop=waits, concurrent__loop_lag_max_ms=3.0)).findings == []

@@ -161,6 +161,11 @@ class LoopActivity:
     busy_share: float = 0.0
     longest_busy_ms: float = 0.0
     hot_spot: str = ""
+    #: ... and how much of it the thread was stopped in a blocking wait (a queue's get, a lock,
+    #: a socket read: not the loop's own selector), the longest such run, and the code waiting
+    waiting_share: float = 0.0
+    longest_wait_ms: float = 0.0
+    waiting_in: str = ""
 
 
 @dataclass

@@ -31,6 +31,9 @@ class StackSampler:
 
     _SKIP = ("servescope" + os.sep, os.sep + "threading.py", os.sep + "concurrent" + os.sep, os.sep + "selectors.py")
     _IDLE = ("queue.py", "socket.py", "selectors.py", "threading.py", "base_events.py", "runners.py", "ssl.py", "socketserver.py")
+    #: waits that block the thread they are on (a queue, a lock, a socket read): on an event
+    #: loop's own thread these stop the loop, where its selector's wait does not
+    _BLOCKING = ("queue.py", "threading.py", "socket.py", "ssl.py")
 
     def __init__(self, interval: float = 0.002) -> None:
         self.interval = interval
@@ -40,6 +43,9 @@ class StackSampler:
         #: samples (a C call that releases the GIL would otherwise be seen more often than a
         #: Python loop that runs longer)
         self.samples: list[tuple[int, int, str | None, int]] = []
+        #: (time ns, thread id, the code that waits, the time since the sweep before, ns): threads
+        #: sampled in a blocking wait (``_BLOCKING``), named by the first frame outside it
+        self.waits: list[tuple[int, int, str, int]] = []
         #: (time ns, how late the sampler woke, ms)
         self.lateness: list[tuple[int, float]] = []
         self._names: dict[str, str] = {}
@@ -92,7 +98,10 @@ class StackSampler:
             last = now
             for tid, frame in sys._current_frames().items():
                 if tid != me:
-                    self.samples.append((now, tid, self._where(frame), dt))
+                    where = self._where(frame)
+                    self.samples.append((now, tid, where, dt))
+                    if where is None and frame.f_code.co_filename.endswith(self._BLOCKING):
+                        self.waits.append((now, tid, self._waiter(frame), dt))
 
     def _where(self, frame: Any) -> str | None:
         if frame.f_code.co_filename.endswith(self._IDLE):  # a thread waiting, not working
@@ -104,6 +113,22 @@ class StackSampler:
                 return f"{self._short(name)}:{f.f_lineno} {f.f_code.co_name}"
             f = f.f_back
         return None
+
+    def _waiter(self, frame: Any) -> str:
+        """The code that waits: the first frame below the standard library's waiting calls,
+        and the user's own line that called it when that is further down."""
+        f = frame
+        while f is not None and (f.f_code.co_filename.endswith(self._BLOCKING) or any(p in f.f_code.co_filename for p in self._SKIP)):
+            f = f.f_back
+        f = f or frame
+        where = f"{self._short(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
+        caller, depth = f, 0
+        while caller is not None and depth < 20:
+            short = self._short(caller.f_code.co_filename)
+            if short in self.user_files and not any(p in caller.f_code.co_filename for p in self._SKIP):
+                return where if caller is f else f"{short}:{caller.f_lineno} {caller.f_code.co_name} (in {where})"
+            caller, depth = caller.f_back, depth + 1
+        return where
 
     _LIB_DIRS = tuple(
         sorted({os.path.join(p, "") for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
@@ -180,12 +205,24 @@ class StackSampler:
         counts: dict[str, int] = {}
         for _, w, dt in busy:
             counts[w] = counts.get(w, 0) + dt  # type: ignore[index]
+        waits = {t: w for t, tt, w, _ in self.waits if tt == tid and start_ns <= t <= end_ns}
+        longest_wait, run_start, waited = 0.0, None, {}
+        for t, _, dt in mine:  # runs of consecutive samples in a blocking wait
+            if t not in waits:
+                run_start = None
+                continue
+            waited[waits[t]] = waited.get(waits[t], 0) + dt
+            run_start = t if run_start is None else run_start
+            longest_wait = max(longest_wait, (t - run_start) / 1e6 + self.interval * 1000)
         return LoopActivity(
             samples=len(mine),
             busy_samples=len(busy),
             busy_share=round(len(busy) / len(mine), 3) if mine else 0.0,
             longest_busy_ms=round(longest, 2),
             hot_spot=self._top(counts, sum(counts.values()), 2, len(busy)) if busy else "",
+            waiting_share=round(len(waits) / len(mine), 3) if mine else 0.0,
+            longest_wait_ms=round(longest_wait, 2),
+            waiting_in=self._top(waited, sum(waited.values()), 2, len(waits)) if waits else "",
         )
 
     def threads_hot_spot(self, start_ns: int, end_ns: int, exclude: set[int], top: int = 2) -> str:

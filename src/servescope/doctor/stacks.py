@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -92,6 +93,7 @@ class StackProbes:
         if pipe is not None and "__call__" in pipe.__dict__:
             self._patch(pipe, "__call__", self._model_call(pipe.__call__, "transformers.pipeline", _first_arg, None))
         self._carry_into_executors()
+        self._carry_into_threads()
         for module, name, label in (("joblib", "load", "joblib.load"), ("pickle", "load", "pickle.load"), ("safetensors.torch", "load_file", "safetensors.load_file")):
             mod = sys.modules.get(module)
             if mod is not None and hasattr(mod, name):
@@ -164,6 +166,36 @@ class StackProbes:
             return original(self_, fn, *args, **kwargs)
 
         self._patch(ThreadPoolExecutor, "submit", submit)
+
+    def _carry_into_threads(self) -> None:
+        """A thread started from inside a request (``Thread(target=model.generate).start()``
+        beside a ``TextIteratorStreamer``) copies no context either: it runs inside the
+        request's trace and evidence, so the forwards it makes are that request's. A thread
+        that outlives its request records nothing more (a finished trace takes no stages)."""
+        original = threading.Thread.start
+        sw = self.switch("thread hand-off")
+
+        @functools.wraps(original)
+        def start(self_: threading.Thread) -> None:
+            if sw.on:
+                try:
+                    ev = _evidence.get()
+                    if ev is not None:
+                        inner = carried(self_.run)
+
+                        def run_with_evidence() -> None:
+                            token = _evidence.set(ev)
+                            try:
+                                inner()
+                            finally:
+                                _evidence.reset(token)
+
+                        self_.run = run_with_evidence  # type: ignore[method-assign]
+                except Exception as exc:
+                    sw.fail(exc)
+            return original(self_)
+
+        self._patch(threading.Thread, "start", start)
 
     def _install_boosters(self) -> None:
         """XGBoost's and LightGBM's own ``Booster``: its loader (``load_model``, or LightGBM's

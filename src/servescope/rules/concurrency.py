@@ -166,7 +166,7 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
         and (conc.loop_lag_max_ms or 0.0) >= LOOP_BUSY_RUN_MS
     )
     if not (model_on_loop or busy):
-        return []
+        return _loop_waits(ev, conc)
     streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
     forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
     busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
@@ -204,6 +204,63 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
             fix=_STREAM_FIX if streamed else _LOOP_FIX,
             saving_ms=saving.ms or None,
             detail=(saving.detail + stall).strip(),
+            **(saving.fields() if saving.ms else {}),
+        )
+    ]
+
+
+_WAIT_FIX = (
+    "# a blocking wait inside async code stops the loop: iterate the blocking iterator off it,\n"
+    "# in a plain `def` generator (Starlette runs each step on its thread pool) ...\n"
+    "def tokens():\n"
+    "    for text in streamer:              # a TextIteratorStreamer's queue.get blocks\n"
+    "        yield text\n"
+    "return StreamingResponse(tokens())\n"
+    "# ... or hand each wait off: text = await asyncio.to_thread(next, iterator, None)\n"
+    "# (transformers: AsyncTextIteratorStreamer, read with `async for`, does not block)"
+)
+
+
+def _loop_waits(ev: Evidence, conc: Concurrent) -> list[Finding]:
+    """event-loop-blocked by a wait: the loop's own thread stopped in a blocking call (a
+    queue's get, a lock, a socket read) for a large share of the concurrent phase, in long
+    runs, while a task on the loop woke that late. Sized as what concurrent requests waited
+    more than one alone: time to first chunk for a streamed answer, else the p50."""
+    loop = conc.loop
+    if loop is None or loop.waiting_share < LOOP_BUSY_SHARE or loop.longest_wait_ms < LOOP_BUSY_RUN_MS:
+        return []
+    if (conc.loop_lag_max_ms or 0.0) < LOOP_BUSY_RUN_MS:
+        return []
+    streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None and conc.first_chunk_p50_ms is not None
+    if streamed:
+        alone, together, what = ev.warm.first_chunk_p50_ms, conc.first_chunk_p50_ms, "time to the first chunk"  # type: ignore[union-attr]
+    else:
+        alone, together, what = ev.p50_ms, conc.p50_ms, "latency"
+    estimate = round(max((together or 0.0) - (alone or 0.0), 0.0), 3)
+    saving = measured_or_estimated(
+        ev, "off-the-loop", estimate_ms=estimate or None, load=f"c={conc.concurrency}" + (", first chunk" if streamed else ""),
+        p50_ms=together, estimated_from=f"the {what} at c={conc.concurrency} ({together:.4g} ms p50) less alone ({alone:.4g} ms): "
+        "what the others waited while the loop's thread was stopped, as if they ran as one did alone",
+    )  # fmt: skip
+    return [
+        Finding(
+            "event-loop-blocked",
+            saving.severity() if saving.ms else "medium",
+            "The event loop's thread stops in a blocking wait inside async code: concurrent requests queue behind it",
+            {
+                "loop_waiting_share": loop.waiting_share,
+                "longest_wait_ms": loop.longest_wait_ms,
+                "loop_blocked_max_ms": conc.loop_lag_max_ms,
+                "waiting_in": loop.waiting_in,
+                "requests": conc.requests,
+            },
+            fix=_WAIT_FIX,
+            saving_ms=saving.ms or None,
+            detail=(
+                f"During the c={conc.concurrency} phase the loop's own thread was stopped in a blocking wait (not its "
+                f"selector) for {loop.waiting_share:.0%} of the samples, {loop.longest_wait_ms:.0f} ms at a stretch, in "
+                f"{loop.waiting_in}; a task on the loop woke up to {conc.loop_lag_max_ms:.0f} ms late. " + saving.detail
+            ).strip(),
             **(saving.fields() if saving.ms else {}),
         )
     ]
