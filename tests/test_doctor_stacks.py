@@ -352,3 +352,29 @@ def test_an_async_handler_that_waits_on_a_queue_stops_the_loop_and_its_line_is_n
     [f] = [f for f in rep.findings if f.id == "event-loop-blocked"]
     assert "blocking wait" in f.title and "test_doctor_stacks.py" in f.evidence["waiting_in"], f.evidence
     assert f.evidence["loop_waiting_share"] > 0.5
+
+
+def test_only_the_watched_threads_blocking_waits_are_recorded_and_named_by_the_code_that_waits():
+    import queue
+    import threading as th
+
+    from servescope.doctor.sampler import StackSampler
+
+    def consumer(q: queue.Queue) -> None:
+        q.get()  # blocks until the test puts
+
+    sampler = StackSampler()
+    watched_q, other_q = queue.Queue(), queue.Queue()
+    watched, other = th.Thread(target=consumer, args=(watched_q,)), th.Thread(target=consumer, args=(other_q,))
+    watched.start()
+    other.start()
+    sampler.watch.add(watched.ident)
+    with sampler:
+        time.sleep(0.1)
+    watched_q.put(1)
+    other_q.put(1)
+    watched.join()
+    other.join()
+    tids = {tid for _, tid, _, _ in sampler.waits}
+    assert tids == {watched.ident}
+    assert all("test_doctor_stacks.py" in w and "consumer" in w for _, _, w, _ in sampler.waits)

@@ -219,6 +219,8 @@ class _Run:
                 self.tick("concurrent requests", 0.5)
 
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
+        if self.endpoint.loop_thread_id:  # (does the loop's own thread stop in a blocking wait?)
+            self.sampler.watch.add(self.endpoint.loop_thread_id)
         cpu0, idle0, t0 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
         try:
             self.conc, self.conc_elapsed = self.endpoint.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)

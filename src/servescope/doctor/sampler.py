@@ -43,9 +43,12 @@ class StackSampler:
         #: samples (a C call that releases the GIL would otherwise be seen more often than a
         #: Python loop that runs longer)
         self.samples: list[tuple[int, int, str | None, int]] = []
-        #: (time ns, thread id, the code that waits, the time since the sweep before, ns): threads
-        #: sampled in a blocking wait (``_BLOCKING``), named by the first frame outside it
+        #: (time ns, thread id, the code that waits, the time since the sweep before, ns): watched
+        #: threads sampled in a blocking wait (``_BLOCKING``), named by the first frame outside it
         self.waits: list[tuple[int, int, str, int]] = []
+        #: the threads whose blocking waits are recorded (an event loop's: a pool's idle
+        #: workers wait in a queue all the time, and naming each wait costs a stack walk)
+        self.watch: set[int] = set()
         #: (time ns, how late the sampler woke, ms)
         self.lateness: list[tuple[int, float]] = []
         self._names: dict[str, str] = {}
@@ -100,7 +103,7 @@ class StackSampler:
                 if tid != me:
                     where = self._where(frame)
                     self.samples.append((now, tid, where, dt))
-                    if where is None and frame.f_code.co_filename.endswith(self._BLOCKING):
+                    if where is None and tid in self.watch and frame.f_code.co_filename.endswith(self._BLOCKING):
                         self.waits.append((now, tid, self._waiter(frame), dt))
 
     def _where(self, frame: Any) -> str | None:
