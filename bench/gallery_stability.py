@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -27,21 +28,19 @@ sys.path.insert(0, str(HERE))
 from _servers import neighbour  # noqa: E402  (the same neighbour as bench/savings.py)
 
 
-def gallery() -> tuple[dict[str, set[str]], dict[str, tuple[str, str]]]:
+def gallery() -> tuple[dict[str, set[str]], Callable[..., list[str]]]:
     spec = importlib.util.spec_from_file_location("gallery", ROOT / "tests" / "e2e" / "test_doctor_gallery.py")
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod.EXPECTED, mod.ARGS
+    return mod.EXPECTED, mod.command
 
 
-def run(target: str, args: tuple[str, str], tmp: Path) -> tuple[set[str], float, dict]:
-    payload, path = args
+def run(target: str, command: Callable[..., list[str]], tmp: Path) -> tuple[set[str], float, dict]:
     out = tmp / "r.json"
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", str(ROOT / "examples" / "doctor" / target), "--body",
-         str(ROOT / "examples" / "doctor" / payload), "--path", path, "--requests", "15", "--json", str(out)],
+        command(target, "--json", str(out)),
         capture_output=True, text=True, timeout=600, cwd=tmp, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False,
     )  # fmt: skip
     took = time.perf_counter() - t0
@@ -57,14 +56,14 @@ def main() -> None:
     ap.add_argument("--neighbour", action="store_true")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
-    expected, extra = gallery()
+    expected, command = gallery()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-gallery-"))
     rows = []
     with neighbour(args.neighbour):
         for target in sorted(expected):
             if args.only and target.split(":")[0].removesuffix(".py") not in args.only.split(","):
                 continue
-            runs = [run(target, extra.get(target, ("x256.json", "/predict")), tmp) for _ in range(args.runs)]
+            runs = [run(target, command, tmp) for _ in range(args.runs)]
             rows.append((target, runs))
             print(json.dumps({"target": target, "runs": [[sorted(f), round(t, 1), m.get("others_cores")] for f, t, m in runs]}), flush=True)
     same = sum(1 for _, runs in rows if all(f == runs[0][0] for f, _, _ in runs))

@@ -50,6 +50,8 @@ EXPECTED = {
     # a token streamer: each stream decodes alone, and inference_mode around its yield fails
     # streams once Starlette resumes them on other threads
     "gpt2_stream_fastapi.py:app": {"no-batching", "failing-requests"},
+    # a PUT route taking a multipart upload (the doctor takes the route's own method; --file)
+    "upload_put_fastapi.py:app": {"model-load-per-request"},
 }
 
 #: causes that are real on an example but whose measured size sits near the doctor's bar, so a
@@ -74,14 +76,21 @@ ARGS = {
     "tfidf_search_fastapi.py:app": ("query.json", "/search"),
     "gbm_per_request_fastapi.py:app": ("features.json", "/score"),
     "gpt2_stream_fastapi.py:app": ("prompt_ids.json", "/generate"),
+    "upload_put_fastapi.py:app": ("image=photo.jpg", "/v1/classify"),  # FIELD=FILE: a multipart upload
 }
 
 
-def doctor(target: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+def command(target: str, *extra: str) -> list[str]:
+    """The doctor's command line for a gallery example, as a user would type it (bench/gallery_stability.py too)."""
     payload, path = ARGS.get(target, ("x256.json", "/predict"))
+    field, _, upload = payload.rpartition("=")
+    body = ["--file", f"{field}={GALLERY / upload}"] if field else ["--body", str(GALLERY / payload)]
+    return [sys.executable, "-m", "servescope", "doctor", str(GALLERY / target), *body, "--path", path, "--requests", "15", *extra]
+
+
+def doctor(target: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "servescope", "doctor", str(GALLERY / target), "--body", str(GALLERY / payload), "--path", path,
-         "--requests", "15", *extra],
+        command(target, *extra),
         capture_output=True, text=True, timeout=180, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
 
