@@ -50,6 +50,8 @@ EXPECTED = {
     # a token streamer: each stream decodes alone, and inference_mode around its yield fails
     # streams once Starlette resumes them on other threads
     "gpt2_stream_fastapi.py:app": {"no-batching", "failing-requests"},
+    # a token streamer decoding in an `async def` generator: every step on the loop
+    "gpt2_async_stream_fastapi.py:app": {"event-loop-blocked", "no-batching"},
     # a PUT route taking a multipart upload (the doctor takes the route's own method; --file)
     "upload_put_fastapi.py:app": {"model-load-per-request"},
 }
@@ -76,6 +78,7 @@ ARGS = {
     "tfidf_search_fastapi.py:app": ("query.json", "/search"),
     "gbm_per_request_fastapi.py:app": ("features.json", "/score"),
     "gpt2_stream_fastapi.py:app": ("prompt_ids.json", "/generate"),
+    "gpt2_async_stream_fastapi.py:app": ("prompt_ids.json", "/generate"),
     "upload_put_fastapi.py:app": ("image=photo.jpg", "/v1/classify"),  # FIELD=FILE: a multipart upload
 }
 
@@ -119,6 +122,8 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
             assert "np.array(list(img.getdata())" in f["fix"] and "np.asarray(img" in f["fix"]
         if target == "gbm_per_request_fastapi.py:app" and f["id"] == "model-load-per-request":
             assert "joblib.load" in f["fix"] and "torch" not in f["fix"] and f["saving_basis"] == "measured"
+        if target == "gpt2_async_stream_fastapi.py:app" and f["id"] == "event-loop-blocked":  # the generator, not the route
+            assert "make the generator a plain `def`" in f["fix"] and "first chunk" in f["saving_load"]
         if target == "gpt2_stream_fastapi.py:app":  # each cause in a streaming endpoint's own terms
             assert "decode alone" in f["title"] if f["id"] == "no-batching" else "inference_mode" in f["fix"]
         if target == "tfidf_search_fastapi.py:app" and f["id"] == "repeated-work":  # scikit-learn's call, in its own idiom, measured
