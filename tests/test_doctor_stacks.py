@@ -378,3 +378,35 @@ def test_only_the_watched_threads_blocking_waits_are_recorded_and_named_by_the_c
     tids = {tid for _, tid, _, _ in sampler.waits}
     assert tids == {watched.ident}
     assert all("test_doctor_stacks.py" in w and "consumer" in w for _, _, w, _ in sampler.waits)
+
+
+def test_a_thread_that_outlives_the_request_that_started_it_works_for_no_request_after():
+    import threading as th
+
+    model = torch.nn.Linear(16, 4).eval()
+    jobs: list = []
+    started = th.Event()
+
+    def batcher():  # a batcher started lazily by the first request, serving every request after
+        while True:
+            payload, done = jobs.pop(0) if jobs else (None, None)
+            if done is None:
+                time.sleep(0.001)
+                continue
+            with torch.inference_mode():
+                done.append(model(torch.ones(1, 16))[0].tolist())
+
+    def predict(payload):
+        if not started.is_set():
+            started.set()
+            th.Thread(target=batcher, daemon=True).start()
+        done: list = []
+        jobs.append((payload, done))
+        while not done:
+            time.sleep(0.001)
+        return {"y": done[0]}
+
+    rep = diagnose(predict, payload={}, options=FAST)
+    evidence = rep.extra["evidence"]
+    assert evidence["warm"]["forwards"]["count"] == 0  # credited to no request ...
+    assert evidence["concurrent"]["background_calls"] >= 6  # ... counted apart, as a batcher's calls are

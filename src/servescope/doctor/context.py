@@ -37,7 +37,16 @@ def new_evidence() -> dict[str, Any]:
 
 
 def current_evidence() -> dict[str, Any] | None:
-    return _evidence.get()
+    """The evidence record of the request this code runs for; None outside any, and once that
+    request has ended (a thread it started that outlives it, a pool's thread it made, works
+    for no request after)."""
+    ev = _evidence.get()
+    return None if ev is None or ev.get("ended") else ev
+
+
+def end_evidence(ev: dict[str, Any]) -> None:
+    """The request of ``ev`` has ended: code still carrying it records nothing more in it."""
+    ev["ended"] = True
 
 
 def set_evidence(ev: dict[str, Any] | None) -> Any:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from ..timing import current_stage_name, stage
 from .inputs import decode_step, detached, fingerprint, first_array, number_rows, pad_share, replicate, text_batch
-from .context import _evidence, _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
+from .context import _in_model_call, _loop_running, current_evidence, new_evidence, reset_evidence, set_evidence
 from .keys import key_of
 from .late import ImportWatch
 from .stacks import LATE_LIBRARIES, StackProbes
@@ -190,7 +190,7 @@ class Probes(StackProbes, TorchCallProbes):
         def mark() -> None:
             if sw.on:
                 try:
-                    ev = _evidence.get()
+                    ev = current_evidence()
                     if ev is not None:
                         ev["handler_start_ns"] = time.perf_counter_ns()
                 except Exception as exc:
@@ -288,7 +288,7 @@ class Probes(StackProbes, TorchCallProbes):
             try:
                 record = {**probes._static(module), **probes._describe_call((args, kwargs), ms)}
                 probes._record_forward(record)
-                if _evidence.get() is not None:
+                if current_evidence() is not None:
                     probes.modules[id(module)] = module
                     probes.own(record["fp"], module, "forward", _args_and_kwargs)
                 if probes.wants(record["fp"]) and not _is_script(torch, module) and first_array((args, kwargs)) is not None:
@@ -357,7 +357,7 @@ class Probes(StackProbes, TorchCallProbes):
         }
 
     def _record_forward(self, record: dict[str, Any]) -> None:
-        ev = _evidence.get()
+        ev = current_evidence()
         if ev is not None:
             ev["forwards"].append(record)
         else:  # a batcher's worker thread, an executor without the request's context
@@ -410,7 +410,7 @@ class Probes(StackProbes, TorchCallProbes):
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not sw.on or current_stage_name() == "load":
                 return original(*args, **kwargs)
-            ev = _evidence.get()
+            ev = current_evidence()
             key = load_key(args, kwargs) if ev is not None else None  # (before it reads a file it is given)
             t0 = time.perf_counter_ns()
             with load:

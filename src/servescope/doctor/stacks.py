@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..timing import carried, current_stage_name, stage
-from .context import _evidence, _in_model_call
+from .context import _evidence, _in_model_call, current_evidence
 from .inputs import detached, replicate
 
 __all__ = ["LATE_LIBRARIES", "StackProbes"]
@@ -120,7 +120,7 @@ class StackProbes:
 
         @functools.wraps(original)
         def decode(self_: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
-            ev = _evidence.get() if sw.on else None
+            ev = current_evidence() if sw.on else None
             caller = sys._getframe(1).f_globals.get("__name__", "")
             if ev is None or caller.startswith("transformers"):
                 return original(self_, token_ids, *args, **kwargs)
@@ -149,7 +149,7 @@ class StackProbes:
         def submit(self_: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
             if sw.on:
                 try:
-                    ev = _evidence.get()
+                    ev = current_evidence()
                     if ev is not None:
                         inner = carried(fn)
 
@@ -179,7 +179,7 @@ class StackProbes:
         def start(self_: threading.Thread) -> None:
             if sw.on:
                 try:
-                    ev = _evidence.get()
+                    ev = current_evidence()
                     if ev is not None:
                         inner = carried(self_.run)
 
@@ -240,7 +240,7 @@ class StackProbes:
                 record.update(probes._describe_call(inputs, (time.perf_counter_ns() - t0) / 1e6))
                 record["grad"] = False
                 probes._record_forward(record)
-                if _evidence.get() is not None:
+                if current_evidence() is not None:
                     probes.own(record["fp"], self_, original.__name__, inputs_of)
                 if replay_of is not None and probes.wants(record["fp"]) and record["batch"]:
                     replay = replay_of(self_, detached(args), detached(kwargs))

@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable
 
 from ..timing import stage
-from .context import _evidence
+from .context import current_evidence
 
 __all__ = ["TorchCallProbes"]
 
@@ -33,7 +33,7 @@ class TorchCallProbes:
                 return original(self_, *args, **kwargs)  # a dtype change: no copy between devices
             try:
                 src = self_.device.type
-                ev = _evidence.get()
+                ev = current_evidence()
                 # which way? timed as to_host from a device, to_device from the host (a
                 # same-device .to() is a cheap no-op)
                 st = to_host if src != "cpu" else to_device
@@ -69,7 +69,7 @@ class TorchCallProbes:
             if sw.on:
                 try:
                     if self_.device.type not in ("cpu", "meta"):
-                        ev = _evidence.get()
+                        ev = current_evidence()
                         if ev is not None:
                             ev["syncs"] += 1
                 except Exception as exc:
@@ -93,7 +93,7 @@ class TorchCallProbes:
             if not sw.on:
                 return original(self_, *args, **kwargs)
             try:
-                ev, before = _evidence.get(), device_of(self_)
+                ev, before = current_evidence(), device_of(self_)
             except Exception as exc:
                 sw.fail(exc)
                 return original(self_, *args, **kwargs)
@@ -115,7 +115,7 @@ class TorchCallProbes:
         def wrapper(self_: Any, *args: Any, **kwargs: Any) -> None:
             if sw.on:
                 try:
-                    ev = _evidence.get()
+                    ev = current_evidence()
                     if ev is not None:
                         now = time.perf_counter_ns()
                         self.model_types[type(self_)] = self.model_types.get(type(self_), 0) + 1
@@ -138,7 +138,7 @@ class TorchCallProbes:
             out = original(cls, data, requires_grad)
             if sw.on:
                 try:
-                    ev = _evidence.get()
+                    ev = current_evidence()
                     if ev is not None:
                         ev["params_built"] += int(out.numel())
                 except Exception as exc:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import orjson
 
 from ...timing import Trace
+from ..context import end_evidence
 from ..probes import new_evidence, set_evidence
 from .base import Observation
 
@@ -170,6 +171,7 @@ class FunctionEndpoint:
             err = f"timeout: no answer within {timeout_s:.3g} s"
         except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from the handler
             err = describe_failure(exc)
+        end_evidence(ev)
         latency = (time.perf_counter_ns() - t0) / 1e6
         first_ms = (first[0] - t0) / 1e6 if first else None
         gaps = [(b - a) / 1e6 for a, b in zip(first, first[1:])]

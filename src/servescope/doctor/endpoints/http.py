@@ -21,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from ...exceptions import EndpointError
 from ...middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
 from ...timing import Trace
+from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .function import lag_monitor
@@ -225,6 +226,7 @@ class _EvidenceASGI:
                 await self.app(scope, receive, send_with_id)
             finally:
                 reset_evidence(token)
+                end_evidence(ev)  # (a streamed answer is sent by now: the app has returned)
         else:
             await self.app(scope, receive, send)
 
