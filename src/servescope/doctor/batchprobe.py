@@ -4,7 +4,6 @@ batch sizes (and at batch 1 with autograd on and in training mode)."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import Any, Callable
 
@@ -39,32 +38,21 @@ def _best_each(calls: dict[str, Callable[[], Any]], repeat: int = 9) -> dict[str
 
 
 def _on_fewer_threads(torch: Any, threads: int, work: Callable[[], dict[str, float]]) -> dict[str, float] | None:
-    """``work()`` on a thread of its own whose torch pool has ``threads`` threads: setting the
-    count sets the default of threads made later too, so it is put back as soon as that
-    thread's pool is settled (the endpoint's threads keep theirs)."""
-    before = torch.get_num_threads()
-    settled, done = threading.Event(), threading.Event()
-    out: list[dict[str, float]] = []
+    """``work()`` under ``inference_mode`` on a thread of its own whose torch pool has
+    ``threads`` threads; None when it fails (the default pass stands alone)."""
+    from .experiments.threads import sized_pool
 
-    def run() -> None:
-        try:
-            torch.set_num_threads(threads)
-            torch.get_num_threads()
-        finally:
-            settled.set()
-        try:
-            with torch.inference_mode():
-                out.append(work())
-        except Exception:  # (the default pass stands alone)
-            pass
-        finally:
-            done.set()
+    def run() -> dict[str, float]:
+        with torch.inference_mode():
+            return work()
 
-    threading.Thread(target=run, daemon=True, name="servescope-batch-probe-fewer").start()
-    settled.wait()
-    torch.set_num_threads(before)
-    done.wait()
-    return out[0] if out else None
+    pool, _ = sized_pool(torch, threads, "servescope-batch-probe-fewer")
+    try:
+        return pool.submit(run).result()
+    except Exception:
+        return None
+    finally:
+        pool.shutdown(wait=False)
 
 
 def batch_probe(

@@ -29,7 +29,27 @@ from .lab import Fix, Lab
 from .memo import patching
 from .seen import Seen
 
-__all__ = ["fewer_blas_threads", "fewer_ort_threads", "fewer_threads", "thread_target"]
+__all__ = ["fewer_blas_threads", "fewer_ort_threads", "fewer_threads", "sized_pool", "thread_target"]
+
+
+def sized_pool(torch: Any, threads: int, name: str = "servescope-threads") -> tuple[ThreadPoolExecutor, threading.Thread]:
+    """A pool of one thread whose torch pool has ``threads`` threads. Setting the count also
+    sets the default of threads made later, so it is put back as soon as that thread's pool is
+    settled: the endpoint's threads keep theirs."""
+    before = torch.get_num_threads()
+    made: list[threading.Thread] = []
+
+    def sized() -> None:
+        torch.set_num_threads(threads)
+        torch.get_num_threads()  # (this thread's pool is settled now, before the default goes back)
+        made.append(threading.current_thread())
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix=name, initializer=sized)
+    try:
+        pool.submit(lambda: None).result()  # its thread starts now, sized ...
+    finally:
+        torch.set_num_threads(before)  # ... and the default new threads get is put back at once
+    return pool, made[0]
 
 
 def thread_target(ev: Evidence, pool: str = "torch_threads") -> int | None:
@@ -55,22 +75,12 @@ def fewer_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     built = [t for t in seen.model_types if isinstance(t, type) and issubclass(t, module_type) and not t.__module__.startswith("torch.")]
     if not targets and not built:
         return None
-    before = torch.get_num_threads()
-    sized_thread: list[threading.Thread] = []
-
-    def sized() -> None:
-        torch.set_num_threads(target)
-        torch.get_num_threads()  # (this thread's pool is settled now, before the default goes back)
-        sized_thread.append(threading.current_thread())
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="servescope-threads", initializer=sized)
-    pool.submit(lambda: None).result()  # its thread starts now, sized to the target ...
-    torch.set_num_threads(before)  # ... and the default new threads get is put back at once
+    pool, sized_thread = sized_pool(torch, target)
     count = [0]
 
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
         def on_fewer_threads(*args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread() is sized_thread[0]:  # (a call within a moved call: already there)
+            if threading.current_thread() is sized_thread:  # (a call within a moved call: already there)
                 return call(*args, **kwargs)
             count[0] += 1
             grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
