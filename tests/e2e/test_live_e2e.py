@@ -91,7 +91,14 @@ def test_a_load_per_request_is_found_in_gunicorns_workers_from_the_master_pid():
     assert rep.meta["live"]["mode"] == "active" and len(rep.meta["live"]["workers"]) == 2
     [f] = [f for f in rep.findings if f.id == "model-load-per-request"]
     assert f.evidence["loads_per_request"] >= 0.8 and "torch.load" in f.evidence["load_calls"]
-    assert rep.latency["count"] >= 10 and rep.meta["live"]["requests_told_apart"] >= 8
+    live = rep.meta["live"]
+    # requests long enough to time one by one are told apart in the samples; on a fast machine
+    # they are shorter than 8 sample intervals and run back to back for 3 s instead (their
+    # stages are means over many requests)
+    if live["timed_one_by_one"]:
+        assert rep.latency["count"] >= 10 and live["requests_told_apart"] >= 8, live
+    else:
+        assert rep.latency["count"] >= 30 and live["seconds_sampled"] >= 2.5, live
     assert rep.stages["load"]["share"] >= 0.1
     assert "model-load-per-request" in ids(in_process("loads"))  # the in-process doctor agrees
 
