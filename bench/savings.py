@@ -15,6 +15,9 @@ nothing else. For each case:
 - printed: the ratio doctor / realized (target 0.7-1.3), and the same ratio of the savings as
   shares of the unchanged endpoint's p50 (which a slower machine scales alike).
 `--neighbour` keeps one core busy with another process for the whole run (a busy machine).
+A case whose fix is a setting read when a library loads (`fixed_env`: OpenMP's wait policy)
+has no twin file: its twin is the same file served with that setting; a cause only a busy
+machine has (`quiet_too=False`) runs only with `--neighbour` (or by name with `--only`).
 """
 
 from __future__ import annotations
@@ -46,11 +49,23 @@ class Case:
     concurrency: int = 1
     cold: bool = False  # the saving is the first request's
     streamed: bool = False  # the saving is in time to first token
+    #: the fix is a setting read when a library loads: the twin is the same file served with it
+    fixed_env: dict | None = None
+    quiet_too: bool = True  # False: a cause only a busy machine has (its case runs with --neighbour)
+
+    @property
+    def module(self) -> str:
+        return self.name.split(":")[0]
+
+    @property
+    def twin(self) -> str:
+        return self.module if self.fixed_env else self.name + "_fixed"
 
 
 #: the doctor's experiment that measures each cause's fix
 EXPERIMENT = {"model-load-per-request": "memoise-loaders", "repeated-work": "memoise-repeated", "padding-waste": "trim-padding",
-              "grad-enabled": "inference-mode", "event-loop-blocked": "off-the-loop", "no-batching": "batching"}  # fmt: skip
+              "grad-enabled": "inference-mode", "event-loop-blocked": "off-the-loop", "no-batching": "batching",
+              "openmp-spin-wait": "omp-passive"}  # fmt: skip
 
 
 def cases() -> list[Case]:
@@ -69,6 +84,8 @@ def cases() -> list[Case]:
         Case("async_forward", "event-loop-blocked", "/embed", text, concurrency=8),
         Case("st_no_batching", "no-batching", "/embed", text, concurrency=8),
         Case("stream_on_loop", "event-loop-blocked", "/generate", {"prompt": "once upon a time", "max_tokens": 24}, concurrency=8, streamed=True),
+        # the same endpoint as the first, its twin served with OpenMP's idle threads asleep
+        Case("built_per_request:spin", "openmp-spin-wait", "/predict", image_payload(), fixed_env={"OMP_WAIT_POLICY": "PASSIVE"}, quiet_too=False),
     ]
 
 
@@ -77,10 +94,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(CASES_DIR), src]), "HF_HUB_OFFLINE": "1"}
 
 
-def serve(module: str) -> tuple[subprocess.Popen, int]:
+def serve(module: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
     cmd = [sys.executable, "-m", "uvicorn", f"{module}:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
-    proc = subprocess.Popen(cmd, cwd=CASES_DIR, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=CASES_DIR, env={**_env(), **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # ready when it serves its OpenAPI page: no request reaches the model
         if proc.poll() is not None:
@@ -94,8 +112,8 @@ def serve(module: str) -> tuple[subprocess.Popen, int]:
     raise RuntimeError(f"{module} did not start")
 
 
-def first_request_ms(module: str, case: Case, body: Path) -> float:
-    proc, port = serve(module)
+def first_request_ms(module: str, case: Case, body: Path, env: dict | None = None) -> float:
+    proc, port = serve(module, env)
     try:
         data = body.read_bytes()
         t0 = time.perf_counter()
@@ -106,8 +124,8 @@ def first_request_ms(module: str, case: Case, body: Path) -> float:
         stop_group(proc)
 
 
-def bench_p50(module: str, case: Case, body: Path, seconds: float, tmp: Path) -> dict:
-    proc, port = serve(module)
+def bench_p50(module: str, case: Case, body: Path, seconds: float, tmp: Path, env: dict | None = None) -> dict:
+    proc, port = serve(module, env)
     try:
         out = tmp / f"bench-{module}.json"
         url = f"http://127.0.0.1:{port}{case.path}"
@@ -126,14 +144,13 @@ def bench_p50(module: str, case: Case, body: Path, seconds: float, tmp: Path) ->
 
 def realized_once(case: Case, body: Path, seconds: float, tmp: Path) -> tuple[float, float]:
     """(before, after): the endpoint and its fixed twin, back to back."""
-    if case.cold:
-        return first_request_ms(case.name, case, body), first_request_ms(case.name + "_fixed", case, body)
-    return bench_p50(case.name, case, body, seconds, tmp)["p50"], bench_p50(case.name + "_fixed", case, body, seconds, tmp)["p50"]
+    measure = first_request_ms if case.cold else lambda *a, **k: bench_p50(*a, seconds, tmp, **k)["p50"]
+    return measure(case.module, case, body), measure(case.twin, case, body, env=case.fixed_env)
 
 
 def doctor(case: Case, body: Path, tmp: Path) -> dict:
-    out = tmp / f"doctor-{case.name}.json"
-    cmd = [sys.executable, "-m", "servescope", "doctor", str(CASES_DIR / f"{case.name}.py") + ":app", "--body", str(body),
+    out = tmp / f"doctor-{case.module}.json"
+    cmd = [sys.executable, "-m", "servescope", "doctor", str(CASES_DIR / f"{case.module}.py") + ":app", "--body", str(body),
            "--path", case.path, "-c", str(max(case.concurrency, 8)), "--json", str(out)]  # fmt: skip
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp, check=False)
@@ -171,11 +188,11 @@ def main() -> None:
 
     ensure_weights()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-savings-"))
-    chosen = [c for c in cases() if not args.only or c.name in args.only.split(",")]
+    chosen = [c for c in cases() if (c.name in args.only.split(",")) if args.only else (c.quiet_too or args.neighbour)]
     rows = []
     with neighbour(args.neighbour):
         for case in chosen:
-            body = tmp / f"{case.name}.json"
+            body = tmp / f"{case.module}.json"
             body.write_text(json.dumps(case.body))
             # each round: a doctor run (while there are runs to make), then the endpoint and its
             # twin back to back, so that the machine's drift over minutes falls on all three

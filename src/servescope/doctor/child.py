@@ -49,10 +49,12 @@ def main(argv: list[str]) -> None:
             obj = load_target(job["spec"])
             payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
             from .cold import repeat_first_request
+            from .fresh import compare_environments
 
             report = diagnose(
                 obj, payload=payload, options=options, progress=lambda p, f: say(phase=p, frac=f), target_name=job["spec"],
                 repeat_cold=lambda: repeat_first_request(job["spec"], job["payload"], options),
+                try_environment=lambda change, words, budget: compare_environments(job["spec"], job["payload"], options, change, words=words, budget_s=budget),
             )  # fmt: skip
         except ConfigError as exc:
             say(config_error=str(exc))

@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .fresh import job_of, start_endpoint
+
 __all__ = ["repeat_first_request"]
 
 #: Requests after the first, for the fresh process's own p50.
@@ -31,7 +33,7 @@ def repeat_first_request(spec: str, payload_path: str | None, options: Any) -> t
     process is given ``START`` + a few timeouts and then ended."""
     with tempfile.TemporaryDirectory(prefix="servescope-cold-") as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job.write_text(json.dumps({"spec": spec, "payload": payload_path, "path": options.path, "timeout_s": options.timeout_s, "method": options.method, "files": options.files}))
+        job.write_text(json.dumps(job_of(spec, payload_path, options)))
         limit = 120.0 + options.timeout_s * (WARM_AFTER + 1)
         try:
             subprocess.run(
@@ -50,18 +52,7 @@ def main(argv: list[str]) -> None:
     job = json.loads(Path(argv[1]).read_text())
     result: dict[str, Any] = {}
     try:
-        import orjson
-
-        from ..loader import load_target
-        from .endpoints import make_endpoint
-        from .run import DoctorOptions
-        from .send import Send
-
-        payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
-        send = Send.of(payload, path=job["path"], files=DoctorOptions(path=job["path"], files=job["files"]).upload())
-        body = send.body
-        endpoint = make_endpoint(load_target(job["spec"]), path=job["path"], send=send, method=job["method"])
-        endpoint.start(job["timeout_s"])
+        endpoint, body = start_endpoint(job)
         first = endpoint.request(body, job["timeout_s"])
         if first.error:
             result["error"] = f"the first request failed: {first.error}"

@@ -64,6 +64,12 @@ PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 #: The share of ``experiment_seconds`` the experiments at concurrency keep, whatever the ones
 #: at one client (which run first) used.
 LATE_SHARE = 0.5
+#: The blocks of the fresh-process experiment (doctor/fresh.py) get this share of
+#: ``experiment_seconds``, at most ``FRESH_MAX_S`` (the processes' start-up comes on top).
+FRESH_SHARE, FRESH_MAX_S = 0.5, 8.0
+
+#: ``try_environment(change, words, budget_s) -> WhatIf`` (doctor/fresh.py)
+TryEnvironment = Callable[[dict[str, str], str, float], WhatIf]
 
 
 def _kind(error: str) -> str:
@@ -81,9 +87,10 @@ class _Run:
         options: DoctorOptions,
         tick: Callable[[str, float], None],
         repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
+        try_environment: TryEnvironment | None = None,
     ) -> None:
         self.endpoint, self.send, self.options, self.tick = endpoint, send, options, tick
-        self.repeat_cold = repeat_cold
+        self.repeat_cold, self.try_environment = repeat_cold, try_environment
         self.repeated_cold: tuple[float | None, float | None, str | None] | None = None
         self.machine = Machine(cpus_available=available_cpus())
         self.body = send.body
@@ -164,6 +171,7 @@ class _Run:
             self.exceptions.__exit__()
             self.probes.remove()
             self.endpoint.stop()
+        self._wait_policy()  # (fresh processes: after this one's endpoint has stopped)
 
     def _check_the_probes(self) -> None:
         """Most requests failed under the probes: requests without them tell whose fault it
@@ -305,14 +313,34 @@ class _Run:
         lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
         if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
             return
-        done: list[tuple[float | None, float | None, str | None]] = []
-        repeat = self.repeat_cold
-        t = threading.Thread(target=lambda: done.append(repeat()), daemon=True, name="servescope-cold-again")
+        self.repeated_cold = self._in_background("a second first request, in a fresh process", self.repeat_cold)
+
+    def _in_background(self, phase: str, work: Callable[[], Any]) -> Any:
+        """``work()`` on a thread while the parent hears from the run (a fresh process starting
+        can take a while); its result, None if it raised."""
+        done: list[Any] = []
+        t = threading.Thread(target=lambda: done.append(work()), daemon=True, name="servescope-fresh")
         t.start()
-        while t.is_alive():  # (the parent hears from the run while the fresh process starts)
-            self.tick("a second first request, in a fresh process", 0.5)
+        while t.is_alive():
+            self.tick(phase, 0.5)
             t.join(1.0)
-        self.repeated_cold = done[0] if done else None
+        return done[0] if done else None
+
+    def _wait_policy(self) -> None:
+        """OpenMP's idle threads spinning beside a neighbour: its wait policy is read when torch
+        loads, so it is tried in fresh processes of the endpoint (doctor/fresh.py)."""
+        from .fresh import PASSIVE, passive_called_for
+
+        if self.try_environment is None or self.options.experiment_seconds <= 0 or not any(w.error is None for w in self.warm):
+            return
+        if self.probes_at_fault or not passive_called_for(self._evidence()):
+            return
+        budget = min(FRESH_SHARE * self.options.experiment_seconds, FRESH_MAX_S)
+        try_environment = self.try_environment
+        result = self._in_background(
+            "OpenMP's wait policy, in two fresh processes", lambda: try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", budget)
+        )
+        self.experiments["omp-passive"] = result if result is not None else WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", why_not="the fresh processes failed")
 
     def _per_request_experiments(self) -> None:
         """The fixes tried at one client, right after the sequential requests and before the
@@ -513,6 +541,7 @@ def diagnose(
     progress: Callable[[str, float], None] | None = None,
     target_name: str = "",
     repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
+    try_environment: TryEnvironment | None = None,
 ) -> Report:
     """Run the endpoint under probes, in this process, and return the Report: its verdict
     (``report.diagnosis.verdict``), findings and what could not be checked. The command line runs
@@ -520,10 +549,13 @@ def diagnose(
     to return. ``payload`` is the JSON body (None: none, or ``options.files`` as a form);
     ``repeat_cold`` starts the endpoint again in a fresh process and returns its first
     request's ms, the p50 after it and an error (doctor/cold.py): without it, a slow first
-    request that no load explains is not claimed, it is listed as not checked."""
+    request that no load explains is not claimed, it is listed as not checked.
+    ``try_environment(change, words, budget_s)`` times fresh processes of the endpoint as
+    written and with ``change`` in their environment (doctor/fresh.py): a setting read only
+    when a library loads (OpenMP's wait policy) is tried that way, or not at all."""
     options = options or DoctorOptions()
     send = Send.of(payload, path=options.path, files=options.upload())
     endpoint = make_endpoint(obj, path=options.path, send=send, method=options.method)
-    run = _Run(endpoint, send, options, progress or (lambda phase, frac: None), repeat_cold)
+    run = _Run(endpoint, send, options, progress or (lambda phase, frac: None), repeat_cold, try_environment)
     run.execute()
     return run.report(target_name)

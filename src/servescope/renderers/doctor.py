@@ -78,7 +78,13 @@ def _machine(report: Report) -> list[Any]:
     env = evidence.get("environment") or {}
     forwards = ((evidence.get("warm") or {}).get("forwards") or {}) if isinstance(evidence.get("warm"), dict) else {}
     torch_model = "torch" in (forwards.get("kinds") or [])  # (torch may be loaded where no torch model runs)
-    if isinstance(env, dict) and env.get("omp_wait_policy") == "default" and (env.get("torch_threads") or 0) >= 2 and torch_model:
+    tried = ((evidence.get("experiments") or {}).get("omp-passive") or {}) if isinstance(evidence.get("experiments"), dict) else {}
+    if tried.get("tried"):
+        text += (
+            f" OMP_WAIT_POLICY=PASSIVE was tried in fresh processes of the endpoint: p50 {tried.get('base_p50_ms'):.4g} ms as "
+            f"written, {tried.get('fixed_p50_ms'):.4g} ms with it."
+        )
+    elif isinstance(env, dict) and env.get("omp_wait_policy") == "default" and (env.get("torch_threads") or 0) >= 2 and torch_model:
         text += (
             " torch's OpenMP threads spin before they sleep (OpenMP's default: OMP_WAIT_POLICY is not set). Beside a "
             "neighbour that makes a process's speed depend on its threads' history (one endpoint served twice by uvicorn "

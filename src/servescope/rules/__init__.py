@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes, concurrency, generation
+from . import causes, concurrency, generation, openmp
 from .savings import severity
 
 Rule = Callable[[Evidence], list[Finding]]
@@ -37,6 +37,7 @@ RULES: dict[str, Rule] = {
     "event-loop-blocked": concurrency.event_loop_blocked,
     "gil-contention": concurrency.gil_contention,
     "thread-oversubscription": concurrency.thread_oversubscription,
+    "openmp-spin-wait": openmp.openmp_spin_wait,
 }
 
 

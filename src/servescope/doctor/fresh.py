@@ -1,0 +1,233 @@
+"""A fix that lives in the environment, tried in fresh processes: some settings are read only
+when a library loads (OpenMP's wait policy, read when torch loads its runtime), so they cannot
+be applied to the running endpoint for a block of requests and undone. The endpoint is started
+twice, in new interpreters (no probes): as written, and with the change to its environment;
+blocks of sequential requests then alternate between the two (A B B A A B ..., the same body),
+and the paired differences of the blocks' medians give the saving with its interval, as the
+in-process experiments' do (experiments/lab.py).
+
+    what_if = compare_environments("app.py:app", "payload.json", options, {"OMP_WAIT_POLICY": "PASSIVE"},
+                                   words="OMP_WAIT_POLICY=PASSIVE", budget_s=20)
+
+Each child is ``python -m servescope.doctor.fresh JOB.json CMD_FD REPLY_FD``: it starts the
+endpoint, says so, and answers each line ``N`` on CMD_FD with N requests' times on REPLY_FD.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..environment import CpuReading
+from .evidence import Evidence, WhatIf
+
+__all__ = ["PASSIVE", "compare_environments", "passive_called_for", "start_endpoint"]
+
+#: OpenMP's idle threads asleep instead of spinning (read when the OpenMP runtime loads)
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+#: Requests each process answers before the blocks (a first request's imports, caches).
+WARM = 3
+#: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them).
+BLOCK_S, MAX_BLOCK = 0.5, 20
+#: Pairs of blocks: at least ``MIN_PAIRS`` (an interval from 5 pairs covers 94%), at most ``MAX_PAIRS``.
+MIN_PAIRS, MAX_PAIRS = 5, 8
+
+
+def start_endpoint(job: dict[str, Any]) -> tuple[Any, bytes]:
+    """The endpoint of ``job`` (spec, payload, path, method, files, timeout_s), started, and the
+    body to send it: what a fresh process of the doctor's runs."""
+    import orjson
+
+    from ..loader import load_target
+    from .endpoints import make_endpoint
+    from .options import DoctorOptions
+    from .send import Send
+
+    payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
+    send = Send.of(payload, path=job["path"], files=DoctorOptions(path=job["path"], files=job["files"]).upload())
+    endpoint = make_endpoint(load_target(job["spec"]), path=job["path"], send=send, method=job["method"])
+    endpoint.start(job["timeout_s"])
+    return endpoint, send.body
+
+
+def passive_called_for(ev: Evidence) -> bool:
+    """OpenMP's default wait (its idle threads spin before they sleep) in a process whose torch
+    model ran on 2+ threads while other processes kept a core busy: each parallel region can
+    stall on a spinning thread that took the core its partner needs."""
+    env, machine = ev.environment, ev.machine
+    if env is None or machine is None or not machine.busy or env.omp_wait_policy != "default" or (env.torch_threads or 0) < 2:
+        return False
+    forwards = ev.warm.forwards if ev.warm is not None else None
+    return forwards is not None and "torch" in forwards.kinds
+
+
+def job_of(spec: str, payload_path: str | None, options: Any) -> dict[str, Any]:
+    return {"spec": spec, "payload": payload_path, "path": options.path, "timeout_s": options.timeout_s, "method": options.method, "files": options.files}
+
+
+class _Child:
+    """One fresh process of the endpoint, driven over a pair of pipes."""
+
+    def __init__(self, job: Path, env: dict[str, str]) -> None:
+        cmd_r, self.cmd = os.pipe()
+        self.reply, reply_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "servescope.doctor.fresh", str(job), str(cmd_r), str(reply_w)],
+            env=env, pass_fds=(cmd_r, reply_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        os.close(cmd_r)
+        os.close(reply_w)
+        self.buffer = b""
+
+    def read(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.reply], [], [], left)[0]:
+                return {"error": f"no answer within {timeout_s:g} s"}
+            chunk = os.read(self.reply, 65536)
+            if not chunk:
+                return {"error": f"the process ended (exit code {self.proc.wait()})"}
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def block(self, n: int, timeout_s: float) -> dict[str, Any]:
+        try:
+            os.write(self.cmd, f"{n}\n".encode())
+        except OSError:
+            return {"error": "the process ended"}
+        return self.read(timeout_s * (n + 1))
+
+    def end(self) -> None:
+        for fd in (self.cmd, self.reply):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def compare_environments(
+    spec: str,
+    payload_path: str | None,
+    options: Any,
+    change: dict[str, str],
+    *,
+    words: str,
+    budget_s: float,
+    tick: Callable[[], None] = lambda: None,
+) -> WhatIf:
+    """The endpoint as written (A) against the same endpoint with ``change`` in its environment
+    (B), each in a fresh process, in alternating blocks of sequential requests within about
+    ``budget_s`` (after both have started). Not tried, with why, when either fails."""
+    out = WhatIf(fix=f"{words}, set in a fresh process of the endpoint beside one as written")
+    with tempfile.TemporaryDirectory(prefix="servescope-fresh-") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps(job_of(spec, payload_path, options)))
+        base_env = dict(os.environ)
+        children = {"A": _Child(job, base_env), "B": _Child(job, {**base_env, **change})}
+        try:
+            return _blocks(children, out, options.timeout_s, budget_s, tick)
+        finally:
+            for child in children.values():
+                child.end()
+
+
+def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s: float, tick: Callable[[], None]) -> WhatIf:
+    start_limit = 120.0 + timeout_s
+    for arm, child in children.items():
+        said = child.read(start_limit)
+        if "error" in said:
+            out.why_not = f"the fresh process {'as written' if arm == 'A' else 'with the fix'} did not start: {said['error']}"
+            return out
+    tick()
+    warm = {arm: child.block(WARM, timeout_s) for arm, child in children.items()}
+    if failed := next((f"{arm}: {w['error']}" for arm, w in warm.items() if "error" in w), None):
+        out.why_not = f"a fresh process's requests failed ({failed})"
+        return out
+    typical = max(statistics.median(w["ms"]) for w in warm.values())
+    n = max(1, min(MAX_BLOCK, round(BLOCK_S * 1000 / max(typical, 1e-3))))
+    answers: dict[str, set[str]] = {"A": set(), "B": set()}
+    times: dict[str, list[float]] = {"A": [], "B": []}
+    diffs: list[float] = []
+    reading, deadline = CpuReading(), time.perf_counter() + budget_s
+    for i in range(MAX_PAIRS):
+        if i >= MIN_PAIRS and time.perf_counter() > deadline:
+            break
+        medians = {}
+        for arm in ("AB" if i % 2 == 0 else "BA"):
+            got = children[arm].block(n, timeout_s)
+            if "error" in got:
+                out.why_not = f"a fresh process's request failed ({'as written' if arm == 'A' else 'with the fix'}: {got['error']})"
+                return out
+            times[arm] += got["ms"]
+            answers[arm].update(got["answers"])
+            medians[arm] = statistics.median(got["ms"])
+        diffs.append(medians["A"] - medians["B"])
+        tick()
+    from .experiments.lab import paired_saving
+
+    if len(answers["A"]) == 1 and len(answers["B"]) == 1 and answers["A"] != answers["B"]:
+        out.why_not = "the two processes answered the same body differently"
+        return out
+    est, low, high, coverage = paired_saving(diffs)
+    out.tried, out.pairs, out.requests, out.pair_diffs_ms = True, len(diffs), len(times["B"]), [round(d, 3) for d in diffs]
+    out.base_p50_ms, out.fixed_p50_ms = round(statistics.median(times["A"]), 3), round(statistics.median(times["B"]), 3)
+    out.saving_ms, out.low_ms, out.high_ms, out.coverage = round(est, 3), round(low, 3), round(high, 3), round(coverage, 3)
+    out.answers = "same" if answers["A"] == answers["B"] and len(answers["A"]) == 1 else "vary from call to call: not compared"
+    _, others, _ = reading.since()
+    out.others_cores = round(others, 2) if others is not None else None
+    return out
+
+
+def _answer_hash(answer: Any) -> str:
+    data = answer if isinstance(answer, bytes | bytearray) else repr(answer).encode()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def main(argv: list[str]) -> None:
+    job = json.loads(Path(argv[1]).read_text())
+    commands, reply = os.fdopen(int(argv[2]), "rb"), os.fdopen(int(argv[3]), "wb", buffering=0)
+
+    def say(**msg: Any) -> None:
+        reply.write(json.dumps(msg).encode() + b"\n")
+
+    try:
+        endpoint, body = start_endpoint(job)
+        say(started=True)
+        for line in commands:  # (the parent closes the pipe when it is done: the loop ends)
+            ms, seen = [], set()
+            for _ in range(int(line)):
+                obs = endpoint.request(body, job["timeout_s"])
+                if obs.error:
+                    say(error=obs.error[:300])
+                    break
+                ms.append(round(obs.latency_ms, 3))
+                seen.add(_answer_hash(obs.answer))
+            else:
+                say(ms=ms, answers=sorted(seen))
+    except BaseException as exc:  # noqa: B036 - whatever happens, the parent hears of it
+        try:
+            say(error=f"{type(exc).__name__}: {exc}"[:300])
+        except OSError:
+            pass
+    os._exit(0)  # threads the endpoint left behind must not hold the process up
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,115 @@
+"""A fix that lives in the environment (OpenMP's wait policy), tried in fresh processes of the
+endpoint (doctor/fresh.py), and the rule that names it only when it was measured."""
+
+from __future__ import annotations
+
+import textwrap
+import pytest
+
+from servescope.doctor.evidence import Environment, Forwards, Machine, WhatIf
+from servescope.doctor.fresh import compare_environments
+from servescope.doctor.options import DoctorOptions
+from servescope.rules import diagnose_evidence
+
+from test_rules import healthy
+
+OPTIONS = DoctorOptions(timeout_s=20.0)
+
+
+def endpoint(tmp_path, body: str) -> str:
+    (tmp_path / "fresh_app.py").write_text(textwrap.dedent(body))
+    (tmp_path / "payload.json").write_text('{"x": 1}')
+    return f"{tmp_path / 'fresh_app.py'}:predict"
+
+
+def compare(tmp_path, spec: str, change: dict, budget_s: float):
+    return compare_environments(spec, str(tmp_path / "payload.json"), OPTIONS, change, words="the change", budget_s=budget_s)
+
+
+def test_a_setting_read_at_import_is_measured_in_two_fresh_processes(tmp_path, monkeypatch):
+    # the endpoint reads its delay when it loads, as OpenMP reads its wait policy: 60 ms as
+    # written (the user's environment), 10 ms with the change
+    monkeypatch.setenv("FRESH_TEST_DELAY_MS", "60")
+    spec = endpoint(tmp_path, """
+        import os, time
+        DELAY = float(os.environ["FRESH_TEST_DELAY_MS"]) / 1000
+        def predict(payload):
+            time.sleep(DELAY)
+            return {"ok": True}
+    """)
+    w = compare(tmp_path, spec, {"FRESH_TEST_DELAY_MS": "10"}, 3.0)
+    assert w.tried, w.why_not
+    assert w.saving_ms == pytest.approx(50.0, abs=5.0) and w.low_ms > 40 and w.pairs >= 5 and w.coverage >= 0.9
+    assert w.base_p50_ms == pytest.approx(60.0, abs=6.0) and w.fixed_p50_ms == pytest.approx(10.0, abs=6.0)
+    assert w.answers == "same" and "set in a fresh process" in w.fix
+
+
+def test_a_fresh_process_that_fails_or_answers_otherwise_is_not_tried_with_why(tmp_path):
+    spec = endpoint(tmp_path, """
+        import os
+        if os.environ.get("FRESH_TEST_BREAK") == "start":
+            raise RuntimeError("no such setting")
+        def predict(payload):
+            return {"mode": os.environ.get("FRESH_TEST_BREAK", "")}
+    """)
+    w = compare(tmp_path, spec, {"FRESH_TEST_BREAK": "start"}, 1.0)
+    assert not w.tried and "with the fix did not start" in w.why_not and "no such setting" in w.why_not
+    w = compare(tmp_path, spec, {"FRESH_TEST_BREAK": "other"}, 1.0)
+    assert not w.tried and "answered the same body differently" in w.why_not
+
+
+def spinning(**experiment) -> object:
+    ev = healthy(machine=Machine(cpus_available=2, others_cores=1.0, busy=True),
+                 environment=Environment(torch_threads=2, cpus_available=2, workers=1, omp_wait_policy="default"))  # fmt: skip
+    ev.warm.forwards = Forwards(count=30, per_request=1, batch_sizes=[1], kinds=["torch"], mean_ms=1.0)
+    ev.p50_ms = 100.0
+    if experiment:
+        ev.experiments["omp-passive"] = WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", **experiment)
+    return ev
+
+
+def rule_said(ev) -> tuple[list, dict]:
+    d = diagnose_evidence(ev)
+    return [f for f in d.findings if f.id == "openmp-spin-wait"], d.not_checked
+
+
+def test_openmp_spinning_is_named_only_when_passive_measurably_won_in_fresh_processes():
+    won = dict(tried=True, pairs=6, base_p50_ms=1100.0, fixed_p50_ms=99.0, saving_ms=1000.0, low_ms=950.0, high_ms=1050.0,
+               coverage=0.97, others_cores=1.0)  # fmt: skip
+    [f], _ = rule_said(spinning(**won))
+    assert f.severity == "critical" and f.saving_ms == 1000.0 and f.saving_basis == "measured"
+    assert f.saving_load == "c=1, fresh process" and "OMP_WAIT_POLICY=PASSIVE" in f.fix
+    assert "each in a fresh process" in f.detail and "1100 -> 99 ms" in f.detail
+    # the doctor's own process ran 11x faster: its other milliseconds are said to be off
+    assert "several-fold off" in f.detail and f.evidence["doctor_p50_ms"] == 100.0
+    # an interval reaching zero, too few pairs, or a small gain: not named
+    for change in ({"low_ms": -5.0}, {"coverage": 0.75}, {"saving_ms": 50.0, "low_ms": 20.0}):
+        assert rule_said(spinning(**{**won, **change}))[0] == []
+    # not tried: said, with why, never silently nothing
+    found, not_checked = rule_said(spinning(why_not="the fresh process with the fix did not start: boom"))
+    assert found == [] and "boom" in not_checked["openmp-spin-wait"]
+    found, not_checked = rule_said(spinning())
+    assert found == [] and "servescope doctor FILE:app" in not_checked["openmp-spin-wait"]
+
+
+@pytest.mark.parametrize("change", [{"machine": Machine(cpus_available=2, others_cores=0.1)}, {"omp_wait_policy": "OMP_WAIT_POLICY=ACTIVE"}, {"torch_threads": 1}])
+def test_a_quiet_machine_a_policy_the_user_set_or_one_thread_is_no_case_for_it(change):
+    ev = spinning()
+    if "machine" in change:
+        ev.machine = change["machine"]
+    else:
+        for k, v in change.items():
+            setattr(ev.environment, k, v)
+    found, not_checked = rule_said(ev)
+    assert found == [] and "openmp-spin-wait" not in not_checked
+
+
+def test_the_thread_fix_says_the_policy_was_tried_once_it_was():
+    ev = spinning(tried=True, pairs=6, base_p50_ms=1100.0, fixed_p50_ms=99.0, saving_ms=1000.0, low_ms=950.0, high_ms=1050.0, coverage=0.97)
+    ev.experiments["torch-threads"] = WhatIf(fix="torch.set_num_threads(1)", tried=True, pairs=6, base_p50_ms=100.0, fixed_p50_ms=60.0,
+                                             saving_ms=40.0, low_ms=30.0, high_ms=50.0, coverage=0.97)  # fmt: skip
+    [f] = [f for f in diagnose_evidence(ev).findings if f.id == "thread-oversubscription"]
+    assert "tried in fresh processes of the endpoint: p50 1100 -> 99 ms" in f.fix
+    del ev.experiments["omp-passive"]
+    [f] = [f for f in diagnose_evidence(ev).findings if f.id == "thread-oversubscription"]
+    assert "not tried by the doctor" in f.fix
