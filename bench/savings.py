@@ -188,7 +188,7 @@ def main() -> None:
 
     ensure_weights()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-savings-"))
-    chosen = [c for c in cases() if (c.name in args.only.split(",")) if args.only else (c.quiet_too or args.neighbour)]
+    chosen = [c for c in cases() if (c.name in args.only.split(",") if args.only else c.quiet_too or args.neighbour)]
     rows = []
     with neighbour(args.neighbour):
         for case in chosen:

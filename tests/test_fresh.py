@@ -80,6 +80,12 @@ def test_openmp_spinning_is_named_only_when_passive_measurably_won_in_fresh_proc
     assert f.severity == "critical" and f.saving_ms == 1000.0 and f.saving_basis == "measured"
     assert f.saving_load == "c=1, fresh process" and "OMP_WAIT_POLICY=PASSIVE" in f.fix
     assert "each in a fresh process" in f.detail and "1100 -> 99 ms" in f.detail
+    # sentence-transformers' encode is a torch model too (its kind is its own)
+    ev = spinning(**won)
+    ev.warm.forwards.kinds = ["sentence-transformers"]
+    assert [f.id for f in rule_said(ev)[0]] == ["openmp-spin-wait"]
+    ev.warm.forwards.kinds = ["onnxruntime"]  # (ONNX Runtime's threads are its own, not OpenMP's)
+    assert rule_said(ev) == ([], {})
     # the doctor's own process ran 11x faster: its other milliseconds are said to be off
     assert "several-fold off" in f.detail and f.evidence["doctor_p50_ms"] == 100.0
     # an interval reaching zero, too few pairs, or a small gain: not named

@@ -30,6 +30,7 @@ __all__ = [
     "Machine",
     "MissingEvidence",
     "Repeated",
+    "TORCH_KINDS",
     "Warm",
     "WhatIf",
 ]
@@ -40,6 +41,10 @@ __all__ = [
 SEEN_IN_STACKS = frozenset(
     {"torch.load", "load_state_dict", "safetensors", "torch.jit.load", "from_pretrained", "SentenceTransformer", "Module.__init__"}
 )
+
+
+#: ``Forwards.kinds`` whose calls run torch modules (their threads are torch's OpenMP pool)
+TORCH_KINDS = frozenset({"torch", "sentence-transformers", "transformers.pipeline"})
 
 
 class MissingEvidence(ServescopeError, LookupError):

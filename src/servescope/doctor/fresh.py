@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..environment import CpuReading
-from .evidence import Evidence, WhatIf
+from .evidence import TORCH_KINDS, Evidence, WhatIf
 
 __all__ = ["PASSIVE", "compare_environments", "passive_called_for", "start_endpoint"]
 
@@ -68,7 +68,7 @@ def passive_called_for(ev: Evidence) -> bool:
     if env is None or machine is None or not machine.busy or env.omp_wait_policy != "default" or (env.torch_threads or 0) < 2:
         return False
     forwards = ev.warm.forwards if ev.warm is not None else None
-    return forwards is not None and "torch" in forwards.kinds
+    return forwards is not None and not TORCH_KINDS.isdisjoint(forwards.kinds)
 
 
 def job_of(spec: str, payload_path: str | None, options: Any) -> dict[str, Any]:
@@ -165,7 +165,9 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
     answers: dict[str, set[str]] = {"A": set(), "B": set()}
     times: dict[str, list[float]] = {"A": [], "B": []}
     diffs: list[float] = []
-    reading, deadline = CpuReading(), time.perf_counter() + budget_s
+    from .live.cpu import ProcessCpu
+
+    reading, ours, deadline = CpuReading(), ProcessCpu([c.proc.pid for c in children.values()]), time.perf_counter() + budget_s
     for i in range(MAX_PAIRS):
         if i >= MIN_PAIRS and time.perf_counter() > deadline:
             break
@@ -191,7 +193,8 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
     out.saving_ms, out.low_ms, out.high_ms, out.coverage = round(est, 3), round(low, 3), round(high, 3), round(coverage, 3)
     out.answers = "same" if answers["A"] == answers["B"] and len(answers["A"]) == 1 else "vary from call to call: not compared"
     _, others, _ = reading.since()
-    out.others_cores = round(others, 2) if others is not None else None
+    fresh, _, _ = ours.since()  # (the fresh processes are the doctor's, not a neighbour)
+    out.others_cores = round(max(others - (fresh or 0.0), 0.0), 2) if others is not None else None
     return out
 
 

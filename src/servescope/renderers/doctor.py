@@ -9,6 +9,7 @@ from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.text import Text
 
+from ..doctor.evidence import TORCH_KINDS
 from ..report import Finding, Report
 from ..sections import Diagnosis
 
@@ -77,7 +78,7 @@ def _machine(report: Report) -> list[Any]:
     )
     env = evidence.get("environment") or {}
     forwards = ((evidence.get("warm") or {}).get("forwards") or {}) if isinstance(evidence.get("warm"), dict) else {}
-    torch_model = "torch" in (forwards.get("kinds") or [])  # (torch may be loaded where no torch model runs)
+    torch_model = not TORCH_KINDS.isdisjoint(forwards.get("kinds") or [])  # (torch may be loaded where no torch model runs)
     tried = ((evidence.get("experiments") or {}).get("omp-passive") or {}) if isinstance(evidence.get("experiments"), dict) else {}
     if tried.get("tried"):
         text += (
