@@ -5,8 +5,8 @@
 Runs `servescope doctor` (as a user would, `--requests 15`) on every endpoint of
 examples/doctor/ `--runs` times; with `--neighbour`, a process keeps one core busy for the
 whole run. For each endpoint: the findings of each run, whether every run named the same
-causes, whether they are the expected ones (tests/e2e/test_doctor_gallery.py), and the
-longest run.
+causes, whether they are the expected ones as the gallery test judges them
+(tests/e2e/test_doctor_gallery.py `judged`), and the longest run.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ sys.path.insert(0, str(HERE))
 from _servers import neighbour  # noqa: E402  (the same neighbour as bench/savings.py)
 
 
-def gallery() -> tuple[dict[str, set[str]], Callable[..., list[str]]]:
+def gallery() -> tuple[dict[str, set[str]], Callable[..., list[str]], Callable[[str, dict], set[str]]]:
     spec = importlib.util.spec_from_file_location("gallery", ROOT / "tests" / "e2e" / "test_doctor_gallery.py")
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod.EXPECTED, mod.command
+    return mod.EXPECTED, mod.command, mod.judged
 
 
 def run(target: str, command: Callable[..., list[str]], tmp: Path) -> tuple[set[str], float, dict]:
+    """(the causes named, seconds, the report) of one doctor run."""
     out = tmp / "r.json"
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -47,7 +48,7 @@ def run(target: str, command: Callable[..., list[str]], tmp: Path) -> tuple[set[
     if not out.exists():
         return {"(no report)"}, took, {}
     report = json.loads(out.read_text())
-    return {f["id"] for f in report["findings"]}, took, (report.get("diagnosis") or {}).get("evidence", {}).get("machine") or {}
+    return {f["id"] for f in report["findings"]}, took, report
 
 
 def main() -> None:
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--neighbour", action="store_true")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
-    expected, command = gallery()
+    expected, command, judged = gallery()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-gallery-"))
     rows = []
     with neighbour(args.neighbour):
@@ -65,16 +66,22 @@ def main() -> None:
                 continue
             runs = [run(target, command, tmp) for _ in range(args.runs)]
             rows.append((target, runs))
-            print(json.dumps({"target": target, "runs": [[sorted(f), round(t, 1), m.get("others_cores")] for f, t, m in runs]}), flush=True)
+            print(json.dumps({"target": target, "runs": [[sorted(f), round(t, 1), _machine(r).get("others_cores")] for f, t, r in runs]}), flush=True)
     same = sum(1 for _, runs in rows if all(f == runs[0][0] for f, _, _ in runs))
-    right = sum(1 for t, runs in rows if all(f == expected[t] for f, _, _ in runs))
+    # as the gallery test judges: on a busy machine thread-oversubscription and openmp-spin-wait
+    # are true too, and MAY_ALSO's causes are near their bar
+    right = sum(1 for t, runs in rows if all(r and judged(t, r) == expected[t] for _, _, r in runs))
     print(f"\n{'endpoint':<40} {'same':>5} {'expected':>9} {'max s':>6}  findings (run 1)")
     for target, runs in rows:
         s = all(f == runs[0][0] for f, _, _ in runs)
-        e = all(f == expected[target] for f, _, _ in runs)
+        e = all(r and judged(target, r) == expected[target] for _, _, r in runs)
         print(f"{target:<40} {'yes' if s else 'NO':>5} {'yes' if e else 'NO':>9} {max(t for _, t, _ in runs):>6.1f}  {sorted(runs[0][0])}")
     print(f"same findings in every run: {same}/{len(rows)}; the expected ones in every run: {right}/{len(rows)}"
           f"{' (with a neighbour keeping one core busy)' if args.neighbour else ''}")  # fmt: skip
+
+
+def _machine(report: dict) -> dict:
+    return ((report.get("diagnosis") or {}).get("evidence") or {}).get("machine") or {}
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: Requests each process answers before the blocks (a first request's imports, caches).
 WARM = 3
 #: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them).
-BLOCK_S, MAX_BLOCK = 0.5, 20
+BLOCK_S, MAX_BLOCK = 0.5, 100
 #: Pairs of blocks: at least ``MIN_PAIRS`` (an interval from 5 pairs covers 94%), at most ``MAX_PAIRS``.
 MIN_PAIRS, MAX_PAIRS = 5, 8
 

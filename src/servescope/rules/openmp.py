@@ -18,8 +18,11 @@ from .savings import measured_or_estimated
 __all__ = ["openmp_spin_wait"]
 
 #: the fix must save this share of the as-written process's p50, its interval above zero at
-#: 90% or more, to be named
-SPIN_SHARE, MIN_COVERAGE = 0.1, 0.9
+#: 90% or more, to be named. Each arm is one process, and two processes of the same endpoint can
+#: differ by their threads' history alone (a few tens of percent on a busy machine: the blocks'
+#: interval cannot see that), so only a larger gain is the policy's; spinning beside a
+#: neighbour costs several-fold (docs/benchmarks.md)
+SPIN_SHARE, MIN_COVERAGE = 0.25, 0.9
 #: the load its saving holds at: one caller, in a fresh process (not the doctor's own, whose
 #: threads' history differs: the saving does not share the in-process p50's budget)
 LOAD = "c=1, fresh process"
