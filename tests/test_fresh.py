@@ -119,3 +119,21 @@ def test_the_thread_fix_says_the_policy_was_tried_once_it_was():
     del ev.experiments["omp-passive"]
     [f] = [f for f in diagnose_evidence(ev).findings if f.id == "thread-oversubscription"]
     assert "not tried by the doctor" in f.fix
+
+
+def test_the_policy_is_tried_only_where_called_for_and_a_failing_try_is_reported():
+    from servescope.doctor.fresh import try_wait_policy
+
+    asked = []
+
+    def try_environment(change, words, budget_s):
+        asked.append((change, budget_s))
+        raise OSError("no more processes")
+
+    options = DoctorOptions(experiment_seconds=30.0)
+    quiet = spinning()
+    quiet.machine = Machine(cpus_available=2, others_cores=0.1)
+    assert try_wait_policy(quiet, try_environment, options) is None and asked == []
+    w = try_wait_policy(spinning(), try_environment, options)
+    assert asked == [({"OMP_WAIT_POLICY": "PASSIVE"}, 8.0)]
+    assert not w.tried and "the experiment failed: OSError: no more processes" in w.why_not

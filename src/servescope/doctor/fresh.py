@@ -30,7 +30,7 @@ from typing import Any, Callable
 from ..environment import CpuReading
 from .evidence import TORCH_KINDS, Evidence, WhatIf
 
-__all__ = ["PASSIVE", "compare_environments", "passive_called_for", "start_endpoint"]
+__all__ = ["PASSIVE", "compare_environments", "passive_called_for", "start_endpoint", "try_wait_policy"]
 
 #: OpenMP's idle threads asleep instead of spinning (read when the OpenMP runtime loads)
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -39,6 +39,9 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 WARM = 3
 #: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them).
 BLOCK_S, MAX_BLOCK = 0.5, 100
+#: The blocks get this share of the doctor's ``experiment_seconds``, at most ``MAX_BLOCKS_S``
+#: (the processes' start-up comes on top).
+BLOCKS_SHARE, MAX_BLOCKS_S = 0.5, 8.0
 #: Pairs of blocks: at least ``MIN_PAIRS`` (an interval from 5 pairs covers 94%), at most ``MAX_PAIRS``.
 MIN_PAIRS, MAX_PAIRS = 5, 8
 
@@ -69,6 +72,19 @@ def passive_called_for(ev: Evidence) -> bool:
         return False
     forwards = ev.warm.forwards if ev.warm is not None else None
     return forwards is not None and not TORCH_KINDS.isdisjoint(forwards.kinds)
+
+
+def try_wait_policy(ev: Evidence, try_environment: Callable[[dict[str, str], str, float], WhatIf], options: Any) -> WhatIf | None:
+    """``OMP_WAIT_POLICY=PASSIVE`` tried by ``try_environment`` (``compare_environments`` bound to
+    the doctor's endpoint) where the evidence calls for it; None where it does not. A failure is
+    the experiment's, reported as not tried with the error, never the doctor's crash."""
+    if not passive_called_for(ev):
+        return None
+    budget = min(BLOCKS_SHARE * options.experiment_seconds, MAX_BLOCKS_S)
+    try:
+        return try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", budget)
+    except Exception as exc:  # noqa: BLE001 - reported, never our crash
+        return WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", why_not=f"the experiment failed: {type(exc).__name__}: {exc}"[:300])
 
 
 def job_of(spec: str, payload_path: str | None, options: Any) -> dict[str, Any]:

@@ -64,12 +64,6 @@ PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 #: The share of ``experiment_seconds`` the experiments at concurrency keep, whatever the ones
 #: at one client (which run first) used.
 LATE_SHARE = 0.5
-#: The blocks of the fresh-process experiment (doctor/fresh.py) get this share of
-#: ``experiment_seconds``, at most ``FRESH_MAX_S`` (the processes' start-up comes on top).
-FRESH_SHARE, FRESH_MAX_S = 0.5, 8.0
-
-#: ``try_environment(change, words, budget_s) -> WhatIf`` (doctor/fresh.py)
-TryEnvironment = Callable[[dict[str, str], str, float], WhatIf]
 
 
 def _kind(error: str) -> str:
@@ -87,7 +81,7 @@ class _Run:
         options: DoctorOptions,
         tick: Callable[[str, float], None],
         repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
-        try_environment: TryEnvironment | None = None,
+        try_environment: Callable[[dict[str, str], str, float], WhatIf] | None = None,
     ) -> None:
         self.endpoint, self.send, self.options, self.tick = endpoint, send, options, tick
         self.repeat_cold, self.try_environment = repeat_cold, try_environment
@@ -329,18 +323,14 @@ class _Run:
     def _wait_policy(self) -> None:
         """OpenMP's idle threads spinning beside a neighbour: its wait policy is read when torch
         loads, so it is tried in fresh processes of the endpoint (doctor/fresh.py)."""
-        from .fresh import PASSIVE, passive_called_for
+        if self.try_environment is None or self.options.experiment_seconds <= 0 or self.probes_at_fault or not any(w.error is None for w in self.warm):
+            return
+        from .fresh import try_wait_policy
 
-        if self.try_environment is None or self.options.experiment_seconds <= 0 or not any(w.error is None for w in self.warm):
-            return
-        if self.probes_at_fault or not passive_called_for(self._evidence()):
-            return
-        budget = min(FRESH_SHARE * self.options.experiment_seconds, FRESH_MAX_S)
-        try_environment = self.try_environment
-        result = self._in_background(
-            "OpenMP's wait policy, in two fresh processes", lambda: try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", budget)
-        )
-        self.experiments["omp-passive"] = result if result is not None else WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", why_not="the fresh processes failed")
+        ev, try_environment = self._evidence(), self.try_environment
+        result = self._in_background("OpenMP's wait policy, in two fresh processes", lambda: try_wait_policy(ev, try_environment, self.options))
+        if result is not None:
+            self.experiments["omp-passive"] = result
 
     def _per_request_experiments(self) -> None:
         """The fixes tried at one client, right after the sequential requests and before the
@@ -541,7 +531,7 @@ def diagnose(
     progress: Callable[[str, float], None] | None = None,
     target_name: str = "",
     repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
-    try_environment: TryEnvironment | None = None,
+    try_environment: Callable[[dict[str, str], str, float], WhatIf] | None = None,
 ) -> Report:
     """Run the endpoint under probes, in this process, and return the Report: its verdict
     (``report.diagnosis.verdict``), findings and what could not be checked. The command line runs
