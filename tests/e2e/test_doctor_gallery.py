@@ -137,7 +137,10 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
         if target == "tfidf_search_fastapi.py:app" and f["id"] == "repeated-work":  # scikit-learn's call, in its own idiom, measured
             assert "TfidfVectorizer.transform" in f["fix"] and "torch" not in f["fix"] and f["saving_basis"] == "measured"
     assert "Baseline p50 latency" in p.stdout
-    assert report["diagnosis"]["evidence"]["seconds"] < 90  # a minute and a half at most, on 2 cores
+    # a minute and a half at most on 2 cores; beside other work (slower requests, and OpenMP's
+    # wait policy tried in two fresh processes) bounded generously
+    busy = (report["diagnosis"]["evidence"].get("machine") or {}).get("busy")
+    assert report["diagnosis"]["evidence"]["seconds"] < (180 if busy else 90)
 
 
 def test_the_fix_names_the_hot_spot_it_follows(tmp_path):
