@@ -39,6 +39,24 @@ _TRANSFORMERS = (
 )
 
 
+def _in_this_request(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """``fn`` run inside the current request's trace and evidence wherever it is called (an
+    executor's thread, a thread of its own); None outside a request."""
+    ev = current_evidence()
+    if ev is None:
+        return None
+    inner = carried(fn)
+
+    def with_evidence(*a: Any, **k: Any) -> Any:
+        token = _evidence.set(ev)
+        try:
+            return inner(*a, **k)
+        finally:
+            _evidence.reset(token)
+
+    return with_evidence
+
+
 class StackProbes:
     """The methods of ``Probes`` that patch libraries other than torch."""
 
@@ -149,18 +167,9 @@ class StackProbes:
         def submit(self_: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
             if sw.on:
                 try:
-                    ev = current_evidence()
-                    if ev is not None:
-                        inner = carried(fn)
-
-                        def with_evidence(*a: Any, **k: Any) -> Any:
-                            token = _evidence.set(ev)
-                            try:
-                                return inner(*a, **k)
-                            finally:
-                                _evidence.reset(token)
-
-                        return original(self_, with_evidence, *args, **kwargs)
+                    wrapped = _in_this_request(fn)
+                    if wrapped is not None:
+                        return original(self_, wrapped, *args, **kwargs)
                 except Exception as exc:
                     sw.fail(exc)
             return original(self_, fn, *args, **kwargs)
@@ -179,18 +188,9 @@ class StackProbes:
         def start(self_: threading.Thread) -> None:
             if sw.on:
                 try:
-                    ev = current_evidence()
-                    if ev is not None:
-                        inner = carried(self_.run)
-
-                        def run_with_evidence() -> None:
-                            token = _evidence.set(ev)
-                            try:
-                                inner()
-                            finally:
-                                _evidence.reset(token)
-
-                        self_.run = run_with_evidence  # type: ignore[method-assign]
+                    wrapped = _in_this_request(self_.run)
+                    if wrapped is not None:
+                        self_.run = wrapped  # type: ignore[method-assign]
                 except Exception as exc:
                     sw.fail(exc)
             return original(self_)
