@@ -8,7 +8,9 @@ inference_mode, orjson) and by LitServe with batching (max_batch_size 16, 5 ms);
 loopback, loaded by servescope bench with the same 32 bodies cycled, at concurrency 16 and 1.
 Then the physical limit: the same tokenize + forward + pool in a plain loop at the forward size
 servescope.serve formed (its /metrics: items per forward, after it groups a batch by length),
-over the texts sorted by length, in this process, right after. litserve is installed
+over the texts sorted by length, in this process, right after: one forward at a time at the
+CPUs' threads, and two at once (threads split between them, as servescope.serve's lanes run;
+"servescope.serve, one lane" is the runtime with ``--lanes 1``). litserve is installed
 only for this benchmark (`pip install litserve`); a server that cannot start is skipped.
 
 `--neighbour` keeps one core busy with another process for the whole run, started the same
@@ -62,25 +64,40 @@ def serve_threads(base: str) -> str:
     return (f"{float(found.group(2)):g} ({found.group(1)})" if found else "?") + (f"; OpenMP wait {wait.group(1)} ({wait.group(2)})" if wait else "")
 
 
-def forward_loop(batch_size: int, seconds: float) -> float:
+def forward_loop(batch_size: int, seconds: float, lanes: int = 1) -> float:
     """Items per second of tokenize + forward + pool at ``batch_size`` over the texts sorted by
-    length (consecutive batches of similar lengths), nothing else."""
+    length (consecutive batches of similar lengths), nothing else; in ``lanes`` threads at once,
+    each at the CPUs' share of torch threads (as servescope.serve runs its lanes)."""
+    import threading
+
     import torch
     from minilm import load, pool, texts
 
     tokenizer, model = load()
     # sorted by length, as the runtime groups a batch's items: the loop's best case
     corpus = sorted(texts(32), key=lambda t: len(tokenizer(t)["input_ids"]))
-    done, i = 0, 0
-    with torch.inference_mode():
-        pool(model, tokenizer(corpus[:batch_size], padding=True, return_tensors="pt"))  # warm
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            chunk = [corpus[(i + k) % len(corpus)] for k in range(batch_size)]
-            pool(model, tokenizer(chunk, padding=True, truncation=True, max_length=256, return_tensors="pt"))
-            done += batch_size
-            i += batch_size
-        return done / (time.perf_counter() - t0)
+    done = [0] * lanes
+    start = threading.Barrier(lanes)
+
+    def loop(lane: int) -> None:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // lanes))
+        i = lane * 7
+        with torch.inference_mode():
+            pool(model, tokenizer(corpus[:batch_size], padding=True, return_tensors="pt"))  # warm
+            start.wait()
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                chunk = [corpus[(i + k) % len(corpus)] for k in range(batch_size)]
+                pool(model, tokenizer(chunk, padding=True, truncation=True, max_length=256, return_tensors="pt"))
+                done[lane] += batch_size
+                i += batch_size
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / seconds
 
 
 def main() -> None:
@@ -104,6 +121,7 @@ def main() -> None:
     ours = [sys.executable, "-m", "servescope", "serve", "minilm_servescope.py:Embedder", "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "16"]
     servers = {
         "servescope.serve (max_batch_size 16)": ours,
+        "servescope.serve, one lane": [*ours, "--lanes", "1"],
         "FastAPI, correct (sync def, orjson)": [*uv, "minilm_fastapi:app"],
         "LitServe batched (16, 5 ms)": [sys.executable, str(SERVERS / "minilm_litserve.py"), str(port)],
     }
@@ -120,14 +138,14 @@ def main() -> None:
         bench(url, bodies, 16, 2, tmp / "warm.json")
         row = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
         if name.startswith("servescope"):
-            batch = batch if "fixed" in name else mean_batch(f"http://127.0.0.1:{port}")
+            batch = mean_batch(f"http://127.0.0.1:{port}") if name.startswith("servescope.serve (") else batch
             threads[name] = serve_threads(f"http://127.0.0.1:{port}")
         return row
 
     with neighbour(args.neighbour):
         rows = each_server(servers, url, bodies[0].read_bytes(), measure, cwd=SERVERS, env=env)
         size = max(1, round(batch or 1))
-        limit = forward_loop(size, args.seconds / 2)
+        limits = {lanes: forward_loop(size, args.seconds / 2, lanes) for lanes in (1, 2)}
     print(f"all-MiniLM-L6-v2, texts of 5-120 words (32 cycled), servescope bench, {args.seconds:g} s at c=16, "
           f"{args.seconds / 2:g} s at c=1, loopback, {os.cpu_count()} CPUs"
           f"{', a neighbour keeping one core busy' if args.neighbour else ''}")  # fmt: skip
@@ -141,14 +159,16 @@ def main() -> None:
         for c in (16, 1):
             x = r[c]
             print(f"{name:<38} {c:>3} {x['rps']:>8.1f} {x['p50']:>8.2f} {x['p99']:>8.2f} {x['errors']:>7}")
-    print(f"{'forward loop at batch ' + str(size) + ' (the limit)':<38} {'':>3} {limit:>8.1f}")
+    for lanes, limit in limits.items():
+        print(f"{f'forward loop at batch {size}, {lanes} at once':<38} {'':>3} {limit:>8.1f}")
     ours = rows.get("servescope.serve (max_batch_size 16)", {})
     if 16 in ours:
         for name, r in rows.items():
             if 16 in r and r is not ours:
                 print(f"servescope.serve / {name}: throughput x{ours[16]['rps'] / r[16]['rps']:.2f}, "
                       f"p99 x{ours[16]['p99'] / r[16]['p99']:.2f}; c=1 p50 {ours[1]['p50'] - r[1]['p50']:+.2f} ms")  # fmt: skip
-        print(f"served items/s / forward loop at batch {size} (mean batch formed {batch or 0:.1f}): {ours[16]['rps'] / limit:.0%}")
+        print(f"served items/s / forward loop at batch {size} (mean batch formed {batch or 0:.1f}), "
+              f"one at a time {ours[16]['rps'] / limits[1]:.0%}, two at once {ours[16]['rps'] / limits[2]:.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", metavar="N", type=positive_int, default=None, help="open connections, 503 beyond (default 1000, fewer under a lower open-files limit)")
     parser.add_argument("--device", metavar="DEVICE", default=None, help="cpu, cuda, cuda:1 ... (default: the best available)")
     parser.add_argument("--threads", metavar="N", type=positive_int, default=None, help="torch intra-op threads, kept as given (default: OMP_NUM_THREADS when it is set, else the CPUs available, then adapted while serving to the count forwards run fastest at; said at start-up and in /metrics)")
+    parser.add_argument("--lanes", metavar="N", type=positive_int, default=None, help="forwards run at once when a batch has several, sharing the threads (default: 2 for a torch model on 2+ CPUs whose threads servescope picks, else 1; said at start-up and in /metrics)")
     parser.add_argument("--path", metavar="ROUTE", default=None, help="the route the model answers at: the one its clients already call (default /predict)")
     parser.add_argument(
         "-X", "--method", metavar="METHOD", action="append", type=str.upper, choices=("POST", "PUT", "PATCH"), default=None,
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "batch_timeout_s": args.batch_timeout,
             "device": args.device,
             "threads": args.threads,
+            "lanes": args.lanes,
             "debug_errors": args.debug_errors,
             "max_body_bytes": args.max_body_bytes,
             "body_timeout_s": args.body_timeout,

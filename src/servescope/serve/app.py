@@ -71,6 +71,7 @@ class ServeApp(Answering, Lifecycle):
         example: Any = None,
         device: str | None = None,
         threads: int | None = None,
+        lanes: int | None = None,
         warmup_batch_sizes: list[int] | None = None,
         recorder: Recorder | None = None,
         inline_below_ms: float = 0.0,
@@ -94,6 +95,8 @@ class ServeApp(Answering, Lifecycle):
         for name, value, low in (("max_batch_size", max_batch_size, 1), ("max_queue", max_queue, 1), ("max_body_bytes", max_body_bytes, 1)):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be a whole number >= {low}, got {value!r}")
+        if lanes is not None and (not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1):
+            raise ConfigError(f"lanes must be a whole number >= 1 (forwards run at once; 1: one at a time), got {lanes!r}")
         if max_batch_tokens is not None and (not isinstance(max_batch_tokens, int) or max_batch_tokens < 1):
             raise ConfigError(f"max_batch_tokens must be a whole number >= 1 (items x the longest), got {max_batch_tokens!r}")
         if not isinstance(max_wait_ms, (int, float)) or max_wait_ms < 0:
@@ -142,7 +145,7 @@ class ServeApp(Answering, Lifecycle):
             **({"max_connections": max_connections} if max_connections is not None else {}),
         )
         self._too_big = error_body(f"request body over {max_body_bytes} bytes")
-        self.runtime = Runtime(model, device=device, threads=threads, max_batch_tokens=max_batch_tokens)
+        self.runtime = Runtime(model, device=device, threads=threads, max_batch_tokens=max_batch_tokens, lanes=lanes)
         self.batcher = Batcher(self.runtime.process, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         sizes = warmup_batch_sizes
         if sizes is None:  # powers of two up to the largest batch, and the largest itself

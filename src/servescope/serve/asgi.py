@@ -87,6 +87,9 @@ class Metrics:
         self.omp_wait = prom.Gauge(
             "servescope_openmp_wait_policy", "How OpenMP's idle threads wait (1 for the policy in force), and who chose it", ["policy", "source"], registry=self.registry
         )
+        self.lanes = prom.Gauge(
+            "servescope_forward_lanes", "Forwards run at once when a batch has several, and why that many", ["why"], registry=self.registry
+        )
         self.replacements = prom.Counter(
             "servescope_worker_replacements", "Workers replaced after a batch outlived batch_timeout_s", registry=self.registry
         )

@@ -102,15 +102,18 @@ class Lifecycle:
             self.runtime.live = []
             self.batcher.advance = self.runtime.advance
             info["threads_adapt"] = self.runtime.adapt_threads(on_switch=self._threads_switched)
+            info["lanes"], info["lanes_why"] = self.runtime.start_lanes()
+            if self.metrics is not None:
+                self.metrics.lanes.labels(why=info["lanes_why"]).set(info["lanes"])
             self.batcher.start()
             self.state = "ready"
             threading.Thread(target=self._watch, name="servescope-watchdog", daemon=True).start()
             log.info(
                 "servescope: ready. model on %s, loaded in %.2f s, warmed up at batch sizes %s in %.2f s; "
-                "torch threads %s of %s CPUs (from %s%s), OpenMP's idle threads %s; max_batch_size %d; a lone request %s",
-                info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"],
-                info.get("torch_threads", "-"), info["cpus_available"], info.get("threads_from", "-"),
-                ", adapted while serving" if info["threads_adapt"] else "", self.runtime.wait.words, self.batcher.max_batch_size,
+                "%s; %s; max_batch_size %d; a lone request %s",
+                info["device"], info["load_s"], info["warmup_batch_sizes"], info["warmup_s"], self._threads_words(info),
+                f"forwards {info['lanes']} at a time when a batch has several ({info['lanes_why']})" if info["lanes"] > 1 else "one forward at a time",
+                self.batcher.max_batch_size,
                 "runs on the event loop (no thread hand-off)" if info.get("inline") else "goes through the worker",
             )  # fmt: skip
         except Exception as exc:
@@ -122,6 +125,16 @@ class Lifecycle:
         finally:
             self._ready.set()
         return self.state
+
+    def _threads_words(self, info: dict[str, Any]) -> str:
+        """The start-up line's threads: torch's for a torch model, else the CPUs alone (torch's
+        threads are not an ONNX Runtime or scikit-learn model's)."""
+        if not info.get("uses_torch"):
+            return f"{info['cpus_available']:g} CPUs (not a torch model: its library picks its own threads)"
+        return (
+            f"torch threads {info.get('torch_threads', '-')} of {info['cpus_available']:g} CPUs (from {info.get('threads_from', '-')}"
+            f"{', adapted while serving' if info['threads_adapt'] else ''}), OpenMP's idle threads {self.runtime.wait.words}"
+        )
 
     def _watch(self) -> None:
         """The watchdog's thread: a look at the running batch four times per ``batch_timeout_s``

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import queue
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -30,6 +32,7 @@ from .collate import (
     to_device,
     to_host,
 )
+from .lanes import Lanes
 from .model import Model
 from .streaming import _END, _FAILED, Streaming, _fail, _Steps
 from .threads import ThreadTuner, thread_choice, thread_choices
@@ -39,13 +42,18 @@ __all__ = ["Runtime", "collate", "split"]
 log = logging.getLogger("servescope")
 #: A forward whose padding would pass this share of it is split (length-aware batching).
 MAX_PADDING_SHARE = 0.25
+#: forwards per lane a batch is cut into at least (serve/lanes.py), and a forward's cost beside
+#: its tokens (items x the longest), in tokens: MiniLM on one thread took ~3 ms + 225 us a token
+LANE_FORWARDS, LANE_FIXED_COST = 3, 16
 _WALL = resolve_clock("wall", None)  # the per-item hooks run on the host: no device clock, no sync
 
 
 class Runtime(Streaming):
     """Loads the model once, warms it up, and processes batches for the Batcher."""
 
-    def __init__(self, model: Model, *, device: str | None = None, threads: int | None = None, max_batch_tokens: int | None = None) -> None:
+    def __init__(
+        self, model: Model, *, device: str | None = None, threads: int | None = None, max_batch_tokens: int | None = None, lanes: int | None = None
+    ) -> None:
         self.model = model
         self.max_batch_tokens = max_batch_tokens
         self.requested_device = device
@@ -72,6 +80,10 @@ class Runtime(Streaming):
         self.live: list[tuple[Iterator[bool], list[Item]]] | None = None
         #: adapts torch's threads while serving (``adapt_threads``), when the user did not fix them
         self.tuner: ThreadTuner | None = None
+        self.requested_lanes = lanes
+        #: forwards run in parallel when a batch has several (``start_lanes``); None: one at a time
+        self.lanes: Lanes | None = None
+        self._pinned_threads = threading.local()
 
     # -- start-up ----------------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
@@ -100,6 +112,7 @@ class Runtime(Streaming):
             loaded = loaded.to(device).eval()
         self.model.model = loaded
         self.model.device = device
+        self.info["uses_torch"] = torch is not None and _holds_torch(torch, [loaded, *vars(self.model).values()])
         self.info.update(device=device, cpus_available=cpus, load_s=round(time.perf_counter() - t0, 3))
         # CUDA is initialised now if it is used: events time the device stages right
         self.clock = resolve_clock("auto", None)
@@ -117,6 +130,44 @@ class Runtime(Streaming):
             return False
         self.tuner = ThreadTuner(apply=torch.set_num_threads, start=n, choices=thread_choices(n), on_switch=on_switch)
         return True
+
+    def start_lanes(self) -> tuple[int, str]:
+        """From now on (after warm-up) run a batch's forwards in parallel lanes (serve/lanes.py):
+        ``lanes=`` as given, else two for a torch model on 2+ CPUs whose threads are adapted
+        here (torch's per-forward scaling is what lanes beat); one for a model that yields (its
+        steps advance one stream at a time) and where the user fixed the threads. Returns the
+        count and why."""
+        if inspect.isgeneratorfunction(self.model.infer) or inspect.isgeneratorfunction(self.model.postprocess):
+            return 1, "a model that yields streams one step at a time"
+        if self.requested_lanes is not None:
+            count, why = self.requested_lanes, "lanes="
+        elif self.tuner is not None:
+            count, why = 2, "torch on the CPU, its threads adapted here"
+        elif self.device != "cpu":
+            return 1, f"the model is on {self.device}"
+        elif not self.info.get("uses_torch"):
+            return 1, "not a torch model: its library runs its own threads (lanes=N to run N forwards at once)"
+        elif self.info.get("threads_from") != "the CPUs available":
+            return 1, f"the threads were fixed ({self.info.get('threads_from')})"
+        else:
+            return 1, "one CPU"
+        if count > 1:
+            self.lanes = Lanes(count)
+        return count, why
+
+    def _lane_threads_total(self) -> int:
+        """The threads the lanes share: the tuner's count now, else the count fixed at start-up."""
+        return self.tuner.current if self.tuner is not None else int(self.info.get("torch_threads") or 1)
+
+    def _pin(self, n: int) -> None:
+        """This thread's forwards at ``n`` torch threads (set only when it changes)."""
+        if self.tuner is not None:
+            self.tuner.pin(n)
+            return
+        torch = _torch()
+        if torch is not None and getattr(self._pinned_threads, "n", None) != n:
+            torch.set_num_threads(n)
+            self._pinned_threads.n = n
 
     def warm_up(self, example: Any, batch_sizes: list[int]) -> list[int]:
         """Run the example (and ``Model.examples``) through every stage at each batch size,
@@ -171,26 +222,83 @@ class Runtime(Streaming):
             except Exception as exc:
                 _fail(it, exc, 500, "preprocess")
         ready = time.perf_counter_ns()
-        for group in self._groups(inputs):  # similar lengths share a forward
+        lanes = self.lanes
+        # in lanes, at least LANE_FORWARDS forwards per lane: small enough to end the lanes together
+        groups = self._groups(inputs, -(-len(inputs) // (LANE_FORWARDS * lanes.count)) if lanes is not None else None)
+        if lanes is not None and len(groups) > 1:
+            self._in_lanes(groups, live, inputs, ready, delivered)
+            return
+        for group in groups:  # similar lengths share a forward
             members = [live[i] for i in group]
-            waited = time.perf_counter_ns() - ready  # for the batch's earlier forwards: queueing too
-            for it in members:
-                it.durations["queue"] = it.durations.get("queue", 0) + waited
-            if self.on_forward is not None:
-                self.on_forward(len(members))
-            streams = []
-            for it, out in zip(members, self._forward(members, [inputs[i] for i in group])):
-                if it.error is None and out is not _STREAMED:
-                    chunks = self._answer(it, out)
-                    if chunks is not None:
-                        streams.append((it, chunks))
-            if streams:
-                self._run(self._interleave(streams), [it for it, _ in streams])
-            if self.on_batch_done is not None:  # answered now, not after the batch's other forwards
-                delivered.update(id(it) for it in members)
-                answered = [it for it in members if not it.streaming]  # (streams answer as they go)
-                if answered:
-                    self.on_batch_done(answered)
+            self._deliver(members, self._forward_from(ready, members, [inputs[i] for i in group]), delivered)
+
+    def _forward_from(self, ready: int, members: list[Item], inputs: list[Any], threads: int = 0) -> list[Any]:
+        """One forward of the batch, its wait since the batch was ready counted as queueing."""
+        waited = time.perf_counter_ns() - ready  # for the batch's earlier forwards: queueing too
+        for it in members:
+            it.durations["queue"] = it.durations.get("queue", 0) + waited
+        if self.on_forward is not None:
+            self.on_forward(len(members))
+        return self._forward(members, inputs, threads)
+
+    def _deliver(self, members: list[Item], outs: list[Any], delivered: set[int]) -> None:
+        """A forward's items postprocessed, serialized and answered (on the worker thread)."""
+        streams = []
+        for it, out in zip(members, outs):
+            if it.error is None and out is not _STREAMED:
+                chunks = self._answer(it, out)
+                if chunks is not None:
+                    streams.append((it, chunks))
+        if streams:
+            self._run(self._interleave(streams), [it for it, _ in streams])
+        if self.on_batch_done is not None:  # answered now, not after the batch's other forwards
+            delivered.update(id(it) for it in members)
+            answered = [it for it in members if not it.streaming]  # (streams answer as they go)
+            if answered:
+                self.on_batch_done(answered)
+
+    def _in_lanes(self, groups: list[list[int]], live: list[Item], inputs: list[Any], ready: int, delivered: set[int]) -> None:
+        """The batch's forwards shared between the lanes (serve/lanes.py), each at its share of
+        the threads; every forward's items answered here, on the worker thread, as it ends."""
+        lanes = self.lanes
+        assert lanes is not None
+        threads = max(1, self._lane_threads_total() // lanes.count)
+        parts = [([live[i] for i in g], [inputs[i] for i in g]) for g in groups]
+        costs = [len(g) * max(self.model.length(inputs[i]) or 1 for i in g) + LANE_FIXED_COST for g in groups]
+        todo = lanes.order(costs)
+        done: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+
+        def take() -> int | None:
+            try:
+                return todo.popleft()  # (atomic: the lanes share it without a lock)
+            except IndexError:
+                return None
+
+        def helper() -> None:
+            while (k := take()) is not None:
+                try:
+                    done.put((k, self._forward_from(ready, *parts[k], threads)))
+                except BaseException as exc:  # a bug of ours: the worker raises it
+                    done.put((k, exc))
+
+        for lane in range(1, lanes.count):
+            lanes.submit(lane, helper)  # (a helper still in a stuck forward: the others share its part)
+        left = len(parts)
+        while (k := take()) is not None:
+            self._deliver(parts[k][0], self._forward_from(ready, *parts[k], threads), delivered)
+            left -= 1
+            while not done.empty():
+                left -= 1
+                self._deliver_from_lane(done.get(), parts, delivered)
+        while left:
+            left -= 1
+            self._deliver_from_lane(done.get(), parts, delivered)
+
+    def _deliver_from_lane(self, result: tuple[int, Any], parts: list[tuple[list[Item], list[Any]]], delivered: set[int]) -> None:
+        k, outs = result
+        if isinstance(outs, BaseException):
+            raise outs
+        self._deliver(parts[k][0], outs, delivered)
 
     def _answer(self, it: Item, out: Any) -> Any:
         """Postprocess and serialize one item's output into its body (or its error); a
@@ -236,11 +344,13 @@ class Runtime(Streaming):
         with torch.inference_mode():
             return fn(*args)
 
-    def _groups(self, inputs: list[Any]) -> list[list[int]]:
+    def _groups(self, inputs: list[Any], max_items: int | None = None) -> list[list[int]]:
         """The batch's items (their indexes) in forwards of similar length: sorted by length,
         a forward ends where adding the next item would make padding more than
         ``MAX_PADDING_SHARE`` of it, or its tokens (items x the longest) pass
-        ``max_batch_tokens``. Inputs without a length (or of one length) stay one forward."""
+        ``max_batch_tokens``, or it has ``max_items`` (lanes: many similar forwards of a few
+        items each). Inputs without a length (or of one length) stay one forward: a model whose
+        inputs have one shape gains by batching alone."""
         n = len(inputs)
         if n < 2:
             return [list(range(n))] if n else []
@@ -254,7 +364,7 @@ class Runtime(Streaming):
             longest, size = lengths[i], len(groups[-1]) + 1  # sorted: the newcomer is the longest
             padded = size * longest  # type: ignore[operator]
             over_budget = self.max_batch_tokens is not None and padded > self.max_batch_tokens
-            if over_budget or padded - (useful + longest) > MAX_PADDING_SHARE * padded:  # type: ignore[operator]
+            if over_budget or max_items is not None and size > max_items or padded - (useful + longest) > MAX_PADDING_SHARE * padded:  # type: ignore[operator]
                 groups.append([i])
                 useful = longest
             else:
@@ -262,11 +372,11 @@ class Runtime(Streaming):
                 useful += longest  # type: ignore[operator]
         return groups
 
-    def _forward(self, items: list[Item], inputs: list[Any]) -> list[Any]:
+    def _forward(self, items: list[Item], inputs: list[Any], threads: int = 0) -> list[Any]:
         """Collate, copy, forward, copy back and split; on failure retry one by one. A model
         that yields streams its items' answers here (their outputs are ``_STREAMED``)."""
         try:
-            outs = self._batched(items, inputs)
+            outs = self._batched(items, inputs, threads)
         except Exception as exc:
             if len(items) == 1:
                 _fail(items[0], exc, 500, "forward")
@@ -280,7 +390,7 @@ class Runtime(Streaming):
         outs = []
         for it, x in zip(items, inputs):  # batch-mates of a bad item still get answers
             try:
-                out = self._batched([it], [x])
+                out = self._batched([it], [x], threads)
             except Exception as exc:
                 _fail(it, exc, 500, "forward")
                 outs.append(None)
@@ -301,7 +411,7 @@ class Runtime(Streaming):
             )  # fmt: skip
         return outs
 
-    def _batched(self, items: list[Item], inputs: list[Any]) -> list[Any] | _Steps:
+    def _batched(self, items: list[Item], inputs: list[Any], threads: int = 0) -> list[Any] | _Steps:
         # one trace for the batch, on the device's clock: the model's own servescope.stage()s
         # inside collate or infer count under their names; every item waited for all of it
         batch_trace = Trace(clock=self.clock)
@@ -311,8 +421,14 @@ class Runtime(Streaming):
                 with stage("to_device"):
                     batch = self._to_device(self.model.collate(inputs))
                 with stage("infer"):
-                    tuner = self.tuner
-                    threads = tuner.next() if tuner is not None else 0
+                    tuner = None
+                    if threads:  # a forward in a lane: its share of the threads, not the tuner's count
+                        self._pin(threads)
+                    elif self.tuner is not None:
+                        tuner = self.tuner
+                        threads = tuner.next()
+                    elif self.lanes is not None:  # alone: all of them again
+                        self._pin(self._lane_threads_total())
                     t0 = time.perf_counter_ns()
                     out = self._call(self.model.infer, batch)
                     if inspect.isgenerator(out):  # infer yields: its first step is this forward
@@ -359,6 +475,17 @@ def _hook(item: Item, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         for k, ns in t.durations_ns.items():
             if k != OTHER:
                 durations[k] = durations.get(k, 0) + ns
+
+
+def _holds_torch(torch: Any, values: list[Any]) -> bool:
+    """Whether any of ``values`` is a torch module or tensor, or holds one (a pipeline's
+    ``.model``, a tuple or dict of them): the model runs on torch's threads."""
+    kinds = (torch.nn.Module, torch.Tensor)
+    for v in values:
+        inner = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else [getattr(v, "model", None)]
+        if isinstance(v, kinds) or any(isinstance(x, kinds) for x in inner):
+            return True
+    return False
 
 
 def _takes_two(method: Any) -> bool:

@@ -101,6 +101,13 @@ class ThreadTuner:
             self._local.threads = n
         return n
 
+    def pin(self, n: int) -> None:
+        """Run this thread's forwards at ``n`` threads until the next ``next()`` (a forward
+        in a lane, beside others: serve/lanes.py); nothing is recorded."""
+        if getattr(self._local, "threads", None) != n:
+            self._apply(n)
+            self._local.threads = n
+
     def record(self, threads: int, forward_ns: int, items: int) -> None:
         """What a forward run at ``threads`` took, for ``items`` items."""
         per_item = forward_ns / max(items, 1)
