@@ -166,3 +166,43 @@ def test_by_default_the_first_forwards_explore_a_neighbour_there_from_the_start(
         ran.append(k)
         t.record(k, (30 if k == 2 else 3) * MS, 1)
     assert ran[:2] == [2, 1] and t.current == 1 and clock.t == 0.0
+
+
+def test_a_streams_steps_are_measured_too(monkeypatch):
+    """A model that yields: each decode step is a forward, so a small decoder whose steps are
+    10x slower at two threads (OpenMP waking its threads each step) is served at one."""
+    import time
+
+    torch = pytest.importorskip("torch")
+    import servescope
+    from servescope.serve import runtime as rt
+    from servescope.serve.batching import Item
+
+    class Decoder(servescope.Model):
+        def load(self, device):
+            return torch.nn.Identity()
+
+        def preprocess(self, request):
+            return torch.tensor([float(request)])
+
+        def infer(self, batch):
+            for _ in range(4 * SAMPLES):
+                time.sleep(0.002 if torch.get_num_threads() == 1 else 0.02)
+                yield batch
+
+        def postprocess(self, step):
+            return {"x": float(step[0])}
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(rt, "available_cpus", lambda: 2.0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        runtime = rt.Runtime(Decoder())
+        runtime.load()
+        assert runtime.adapt_threads()
+        runtime.tuner._next_at = 0.0  # (due now)
+        items = [Item(1)]
+        runtime.process(items)  # one stream, run to its end (no server: warm-up's way)
+        assert items[0].error is None and runtime.tuner.current == 1
+    finally:
+        torch.set_num_threads(before)

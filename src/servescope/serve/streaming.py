@@ -33,6 +33,7 @@ class Streaming:
     _postprocess: Callable[[Item, Any], Any]
     _serialize: Callable[[Item, Any, str], bytes | None]
     _call: Callable[..., Any]
+    tuner: Any  # (a ThreadTuner, or None: threads.py)
 
     def _run(self, stream: Iterator[bool], items: list[Item]) -> None:
         """Start a stream: its first round now; the rest here too (warm-up, no server), or one
@@ -104,9 +105,13 @@ class Streaming:
                     break  # every item ended, failed or left while it waited
                 if self.on_progress is not None:
                     self.on_progress()
+                tuner = self.tuner  # (each step is a forward: its thread count is measured too)
+                threads = tuner.next() if tuner is not None else 0
                 t = clock()
                 step = self._call(next, gen, _END)
                 took = clock() - t
+                if tuner is not None and step is not _END:
+                    tuner.record(threads, took, len(items))
                 for it in items:
                     it.durations["infer"] = it.durations.get("infer", 0) + took
         except Exception as exc:  # chunks may be out already: the items fail, no retry
