@@ -136,7 +136,8 @@ def test_lanes_by_default_only_where_they_are_safe_and_measured():
             yield [sum(x) for x in batch]
 
     assert runtime(2, Streams()).start_lanes()[0] == 1  # a model that yields: one step at a time
-    assert runtime(None).start_lanes()[1].startswith("not a torch model")
+    plain = runtime(None)
+    assert plain.start_lanes()[1].startswith("not a torch model") and not plain.info["uses_torch"]
     with pytest.raises(ConfigError, match="lanes must be"):
         servescope.serve(Echo(), lanes=0)
 

@@ -423,6 +423,6 @@ def test_serve_keeps_answering_with_a_cpu_hog_beside_it():
             proc.communicate(timeout=30)
     assert not rep.errors and rep.load.requests.ok >= 50
     assert rep.latency["p99_ms"] < 2000
-    assert "servescope_torch_threads{source=" in metrics
+    assert "servescope_torch_threads{source=" in metrics and "servescope_forward_lanes{why=" in metrics
     # set before the example's file imported torch: OpenMP's idle threads sleep, not spin
     assert 'servescope_openmp_wait_policy{policy="PASSIVE",source="servescope"} 1.0' in metrics

@@ -482,7 +482,7 @@ def _holds_torch(torch: Any, values: list[Any]) -> bool:
     ``.model``, a tuple or dict of them): the model runs on torch's threads."""
     kinds = (torch.nn.Module, torch.Tensor)
     for v in values:
-        inner = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else [getattr(v, "model", None)]
+        inner = list(v.values())[:16] if isinstance(v, dict) else list(v[:16]) if isinstance(v, (list, tuple)) else [getattr(v, "model", None)]
         if isinstance(v, kinds) or any(isinstance(x, kinds) for x in inner):
             return True
     return False
