@@ -18,12 +18,15 @@ postprocess and serialize stay on the worker thread, one at a time, as before.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
 from typing import Any, Callable
 
 __all__ = ["Lanes"]
+
+log = logging.getLogger("servescope")
 
 
 class _Helper:
@@ -40,6 +43,8 @@ class _Helper:
             job = self.jobs.get()
             try:
                 job()
+            except Exception:  # a bug of ours: said, and the helper stays for the next batch
+                log.exception("servescope: a lane's job failed")
             finally:
                 self.busy = False
 
