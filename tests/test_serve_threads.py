@@ -46,7 +46,7 @@ def test_a_count_that_is_measurably_faster_is_taken_and_said():
     clock.t = PERIOD_S
     explored = forwards(2 * SAMPLES)
     assert explored == [2, 1] * SAMPLES  # interleaved: a change in the machine hits both alike
-    assert t.current == 1 and switched and switched[0][:2] == (2, 1) and "3.00 ms per item at 1" in switched[0][2]
+    assert t.current == 1 and switched and switched[0][:2] == (2, 1) and "3.000 ms per item at 1" in switched[0][2]
     assert set(forwards(10)) == {1} and applied == [2] + [1, 2] * (SAMPLES - 1) + [1]  # (set only when it changes)
 
 
@@ -206,3 +206,16 @@ def test_a_streams_steps_are_measured_too(monkeypatch):
         assert items[0].error is None and runtime.tuner.current == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_inputs_of_a_length_are_timed_per_token_so_cycled_lengths_do_not_decide():
+    """Requests cycled in order (a long text, a short one, ...) meet the exploration's A B A B:
+    per item, one count would get every long one. Per token (items x the longest) the two
+    counts, equally fast, compare equal, and the count stays."""
+    t, clock, _, switched, _ = tuner({2: 1.0, 1: 1.0})
+    clock.t = PERIOD_S
+    for i in range(2 * SAMPLES):
+        k = t.next()
+        tokens = 200 if i % 2 == 0 else 20  # the long texts fall on one count
+        t.record(k, int(0.1 * MS * tokens), 1, tokens)
+    assert t.current == 2 and not switched and t.explorations == 1

@@ -155,6 +155,11 @@ class Runtime(Streaming):
             self.lanes = Lanes(count)
         return count, why
 
+    def _tokens(self, inputs: list[Any]) -> int | None:
+        """A forward's items x its longest input, when every input has a length (else None)."""
+        lengths = [self.model.length(x) for x in inputs]
+        return None if any(n is None for n in lengths) else len(inputs) * max(lengths)  # type: ignore[type-var, operator]
+
     def _lane_threads_total(self) -> int:
         """The threads the lanes share: the tuner's count now, else the count fixed at start-up."""
         return self.tuner.current if self.tuner is not None else int(self.info.get("torch_threads") or 1)
@@ -434,7 +439,7 @@ class Runtime(Streaming):
                     if inspect.isgenerator(out):  # infer yields: its first step is this forward
                         steps = _Steps(out, self._call(next, out, _END))
                     if tuner is not None:
-                        tuner.record(threads, time.perf_counter_ns() - t0, len(items))
+                        tuner.record(threads, time.perf_counter_ns() - t0, len(items), None if steps is not None else self._tokens(inputs))
                 if steps is None:
                     with stage("to_host"):
                         out = to_host(out)

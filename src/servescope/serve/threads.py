@@ -11,7 +11,8 @@ fastest is measured, not assumed.
 The tuner explores at its first forwards, then runs settled at one count. Now and then (and
 at once when the settled forwards grow 1.5x slower than at the last decision) it explores
 again: the next forwards alternate between the counts (A B A B, so a change in the machine
-hits both alike), and the count whose median time per item is lowest by a margin is kept. A
+hits both alike), and the count whose median time per item (per token, for inputs with a
+length) is lowest by a margin is kept. A
 count plainly worse after two tries (or far worse after one) is dropped from the rest (each
 of its forwards is a slow request). An exploration that keeps the count waits twice as long before the next one (up to
 ``MAX_PERIOD_S``); a switch starts over from ``PERIOD_S``.
@@ -88,6 +89,7 @@ class ThreadTuner:
         self._local = threading.local()
         self._lock = threading.Lock()
         self.explorations = self.switches = 0
+        self.unit = "item"  # what a forward's time is divided by
 
     def next(self) -> int:
         """The count the next forward runs at, applied on the calling thread (each thread that
@@ -108,9 +110,14 @@ class ThreadTuner:
             self._apply(n)
             self._local.threads = n
 
-    def record(self, threads: int, forward_ns: int, items: int) -> None:
-        """What a forward run at ``threads`` took, for ``items`` items."""
-        per_item = forward_ns / max(items, 1)
+    def record(self, threads: int, forward_ns: int, items: int, tokens: int | None = None) -> None:
+        """What a forward run at ``threads`` took, for ``items`` items; ``tokens``: items x the
+        longest, for inputs with a length (a forward is timed per token then, so that long and
+        short requests compare: texts cycled in order would otherwise give one count the long
+        ones and the other the short)."""
+        if tokens:
+            self.unit = "token"
+        per_item = forward_ns / max(tokens or items, 1)
         with self._lock:
             if self._plan and self._plan[0] == threads:
                 self._plan.pop(0)
@@ -158,7 +165,7 @@ class ThreadTuner:
             self.current = best
             self.switches += 1
             self.period_s = PERIOD_S
-            why = f"a forward took {medians[best] / 1e6:.2f} ms per item at {best} threads, {medians[before] / 1e6:.2f} at {before}"
+            why = f"a forward took {medians[best] / 1e6:.3f} ms per {self.unit} at {best} threads, {medians[before] / 1e6:.3f} at {before}"
             log.warning("servescope: torch threads %d -> %d: %s (is other work sharing the CPUs?)", before, best, why)
             if self._on_switch is not None:
                 self._on_switch(before, best, why)
