@@ -120,3 +120,17 @@ def speedups(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     stage_cls, trace_cls, stage, shared = timing._twin_api(module)
     monkeypatch.setattr(recorder, "fold_rows", module.fold_rows)
     return Twin(request.param, module, stage_cls, trace_cls, stage, shared)
+
+
+@pytest.fixture
+def torch_on_two_cpus(monkeypatch: pytest.MonkeyPatch):
+    """torch, with servescope.serve's runtime seeing two CPUs and no ``OMP_NUM_THREADS`` (so it
+    adapts the threads itself); torch's thread count is put back after the test."""
+    torch = pytest.importorskip("torch")
+    from servescope.serve import runtime as rt
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(rt, "available_cpus", lambda: 2.0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    yield torch
+    torch.set_num_threads(before)

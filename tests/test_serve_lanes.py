@@ -115,12 +115,12 @@ def test_a_bug_in_a_lane_fails_its_batch_and_keeps_the_worker(monkeypatch):
     r = runtime(2)
     real, hit = r._forward_from, threading.Event()
 
-    def broken(ready, members, inputs, threads=0):
+    def broken(ready, members, inputs, *rest):
         if threading.current_thread().name.startswith("servescope-lane"):
             hit.set()
             raise RuntimeError("a bug of ours")
         hit.wait(10)  # (the worker's first forward waits until the helper has taken one)
-        return real(ready, members, inputs, threads)
+        return real(ready, members, inputs, *rest)
 
     monkeypatch.setattr(r, "_forward_from", broken)
     items = [Item(x) for x in range(16)]
@@ -142,8 +142,8 @@ def test_lanes_by_default_only_where_they_are_safe_and_measured():
         servescope.serve(Echo(), lanes=0)
 
 
-def test_a_torch_model_whose_threads_are_adapted_gets_two_lanes(monkeypatch):
-    torch = pytest.importorskip("torch")
+def test_a_torch_model_whose_threads_are_adapted_gets_two_lanes(torch_on_two_cpus):
+    torch = torch_on_two_cpus
 
     class Tiny(servescope.Model):
         def load(self, device):
@@ -152,15 +152,9 @@ def test_a_torch_model_whose_threads_are_adapted_gets_two_lanes(monkeypatch):
         def preprocess(self, request):
             return torch.tensor([float(request)])
 
-    before = torch.get_num_threads()
-    monkeypatch.setattr(rt, "available_cpus", lambda: 2.0)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    try:
-        r = rt.Runtime(Tiny())
-        assert r.load()["uses_torch"]
-        assert r.adapt_threads() and r.start_lanes() == (2, "torch on the CPU, its threads adapted here")
-        fixed = rt.Runtime(Tiny(), threads=2)
-        fixed.load()
-        assert not fixed.adapt_threads() and fixed.start_lanes()[0] == 1  # the user's count: as they set it
-    finally:
-        torch.set_num_threads(before)
+    r = rt.Runtime(Tiny())
+    assert r.load()["uses_torch"]
+    assert r.adapt_threads() and r.start_lanes() == (2, "torch on the CPU, its threads adapted here")
+    fixed = rt.Runtime(Tiny(), threads=2)
+    fixed.load()
+    assert not fixed.adapt_threads() and fixed.start_lanes()[0] == 1  # the user's count: as they set it

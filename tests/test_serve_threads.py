@@ -94,13 +94,13 @@ def test_one_thread_has_nothing_to_explore():
     assert set(forwards(10)) == {1} and t.explorations == 0
 
 
-def test_the_runtime_moves_to_the_count_its_forwards_run_fastest_at(monkeypatch):
+def test_the_runtime_moves_to_the_count_its_forwards_run_fastest_at(torch_on_two_cpus):
     """A real Runtime and real torch.set_num_threads: a model whose forward is 10x slower at
     two threads than at one (as with a neighbour on a core) ends up served at one, on the
     thread that runs the forwards; a user who fixed the count keeps it."""
     import time
 
-    torch = pytest.importorskip("torch")
+    torch = torch_on_two_cpus
     import servescope
     from servescope.serve import runtime as rt
     from servescope.serve.batching import Item
@@ -116,25 +116,19 @@ def test_the_runtime_moves_to_the_count_its_forwards_run_fastest_at(monkeypatch)
             time.sleep(0.002 if torch.get_num_threads() == 1 else 0.02)
             return batch
 
-    before = torch.get_num_threads()
-    monkeypatch.setattr(rt, "available_cpus", lambda: 2.0)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    try:
-        runtime = rt.Runtime(Slow())
-        runtime.load()
-        runtime.warm_up(1, [1])
-        assert runtime.adapt_threads()
-        runtime.tuner._next_at = 0.0  # (due now: the period is tested above, on a clock given by hand)
-        for k in range(3 * SAMPLES):
-            items = [Item(k)]
-            runtime.process(items)
-            assert items[0].error is None
-        assert runtime.tuner.current == 1 and torch.get_num_threads() == 1
-        fixed = rt.Runtime(Slow(), threads=2)
-        fixed.load()
-        assert not fixed.adapt_threads()  # --threads (or OMP_NUM_THREADS): the user's count stays
-    finally:
-        torch.set_num_threads(before)
+    runtime = rt.Runtime(Slow())
+    runtime.load()
+    runtime.warm_up(1, [1])
+    assert runtime.adapt_threads()
+    runtime.tuner._next_at = 0.0  # (due now: the period is tested above, on a clock given by hand)
+    for k in range(3 * SAMPLES):
+        items = [Item(k)]
+        runtime.process(items)
+        assert items[0].error is None
+    assert runtime.tuner.current == 1 and torch.get_num_threads() == 1
+    fixed = rt.Runtime(Slow(), threads=2)
+    fixed.load()
+    assert not fixed.adapt_threads()  # --threads (or OMP_NUM_THREADS): the user's count stays
 
 
 def test_a_count_plainly_worse_is_tried_twice_not_five_times():
@@ -168,12 +162,12 @@ def test_by_default_the_first_forwards_explore_a_neighbour_there_from_the_start(
     assert ran[:2] == [2, 1] and t.current == 1 and clock.t == 0.0
 
 
-def test_a_streams_steps_are_measured_too(monkeypatch):
+def test_a_streams_steps_are_measured_too(torch_on_two_cpus):
     """A model that yields: each decode step is a forward, so a small decoder whose steps are
     10x slower at two threads (OpenMP waking its threads each step) is served at one."""
     import time
 
-    torch = pytest.importorskip("torch")
+    torch = torch_on_two_cpus
     import servescope
     from servescope.serve import runtime as rt
     from servescope.serve.batching import Item
@@ -193,19 +187,13 @@ def test_a_streams_steps_are_measured_too(monkeypatch):
         def postprocess(self, step):
             return {"x": float(step[0])}
 
-    before = torch.get_num_threads()
-    monkeypatch.setattr(rt, "available_cpus", lambda: 2.0)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    try:
-        runtime = rt.Runtime(Decoder())
-        runtime.load()
-        assert runtime.adapt_threads()
-        runtime.tuner._next_at = 0.0  # (due now)
-        items = [Item(1)]
-        runtime.process(items)  # one stream, run to its end (no server: warm-up's way)
-        assert items[0].error is None and runtime.tuner.current == 1
-    finally:
-        torch.set_num_threads(before)
+    runtime = rt.Runtime(Decoder())
+    runtime.load()
+    assert runtime.adapt_threads()
+    runtime.tuner._next_at = 0.0  # (due now)
+    items = [Item(1)]
+    runtime.process(items)  # one stream, run to its end (no server: warm-up's way)
+    assert items[0].error is None and runtime.tuner.current == 1
 
 
 def test_inputs_of_a_length_are_timed_per_token_so_cycled_lengths_do_not_decide():

@@ -155,11 +155,6 @@ class Runtime(Streaming):
             self.lanes = Lanes(count)
         return count, why
 
-    def _tokens(self, inputs: list[Any]) -> int | None:
-        """A forward's items x its longest input, when every input has a length (else None)."""
-        lengths = [self.model.length(x) for x in inputs]
-        return None if any(n is None for n in lengths) else len(inputs) * max(lengths)  # type: ignore[type-var, operator]
-
     def _lane_threads_total(self) -> int:
         """The threads the lanes share: the tuner's count now, else the count fixed at start-up."""
         return self.tuner.current if self.tuner is not None else int(self.info.get("torch_threads") or 1)
@@ -228,23 +223,24 @@ class Runtime(Streaming):
                 _fail(it, exc, 500, "preprocess")
         ready = time.perf_counter_ns()
         lanes = self.lanes
+        lengths = [model.length(x) for x in inputs]  # (once a batch: grouping, the lanes' order, the tuner)
         # in lanes, at least LANE_FORWARDS forwards per lane: small enough to end the lanes together
-        groups = self._groups(inputs, -(-len(inputs) // (LANE_FORWARDS * lanes.count)) if lanes is not None else None)
-        if lanes is not None and len(groups) > 1:
-            self._in_lanes(groups, live, inputs, ready, delivered)
+        groups = self._groups(inputs, -(-len(inputs) // (LANE_FORWARDS * lanes.count)) if lanes is not None else None, lengths)
+        parts = [([live[i] for i in g], [inputs[i] for i in g], _tokens([lengths[i] for i in g])) for g in groups]
+        if lanes is not None and len(parts) > 1:
+            self._in_lanes(parts, ready, delivered)
             return
-        for group in groups:  # similar lengths share a forward
-            members = [live[i] for i in group]
-            self._deliver(members, self._forward_from(ready, members, [inputs[i] for i in group]), delivered)
+        for part in parts:  # similar lengths share a forward
+            self._deliver(part[0], self._forward_from(ready, *part), delivered)
 
-    def _forward_from(self, ready: int, members: list[Item], inputs: list[Any], threads: int = 0) -> list[Any]:
+    def _forward_from(self, ready: int, members: list[Item], inputs: list[Any], tokens: int | None, threads: int = 0) -> list[Any]:
         """One forward of the batch, its wait since the batch was ready counted as queueing."""
         waited = time.perf_counter_ns() - ready  # for the batch's earlier forwards: queueing too
         for it in members:
             it.durations["queue"] = it.durations.get("queue", 0) + waited
         if self.on_forward is not None:
             self.on_forward(len(members))
-        return self._forward(members, inputs, threads)
+        return self._forward(members, inputs, threads, tokens)
 
     def _deliver(self, members: list[Item], outs: list[Any], delivered: set[int]) -> None:
         """A forward's items postprocessed, serialized and answered (on the worker thread)."""
@@ -262,15 +258,13 @@ class Runtime(Streaming):
             if answered:
                 self.on_batch_done(answered)
 
-    def _in_lanes(self, groups: list[list[int]], live: list[Item], inputs: list[Any], ready: int, delivered: set[int]) -> None:
+    def _in_lanes(self, parts: list[_Part], ready: int, delivered: set[int]) -> None:
         """The batch's forwards shared between the lanes (serve/lanes.py), each at its share of
         the threads; every forward's items answered here, on the worker thread, as it ends."""
         lanes = self.lanes
         assert lanes is not None
         threads = max(1, self._lane_threads_total() // lanes.count)
-        parts = [([live[i] for i in g], [inputs[i] for i in g]) for g in groups]
-        costs = [len(g) * max(self.model.length(inputs[i]) or 1 for i in g) + LANE_FIXED_COST for g in groups]
-        todo = lanes.order(costs)
+        todo = lanes.order([(tokens or len(members)) + LANE_FIXED_COST for members, _, tokens in parts])
         done: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
 
         def take() -> int | None:
@@ -299,7 +293,7 @@ class Runtime(Streaming):
             left -= 1
             self._deliver_from_lane(done.get(), parts, delivered)
 
-    def _deliver_from_lane(self, result: tuple[int, Any], parts: list[tuple[list[Item], list[Any]]], delivered: set[int]) -> None:
+    def _deliver_from_lane(self, result: tuple[int, Any], parts: list[_Part], delivered: set[int]) -> None:
         k, outs = result
         if isinstance(outs, BaseException):
             raise outs
@@ -349,7 +343,7 @@ class Runtime(Streaming):
         with torch.inference_mode():
             return fn(*args)
 
-    def _groups(self, inputs: list[Any], max_items: int | None = None) -> list[list[int]]:
+    def _groups(self, inputs: list[Any], max_items: int | None = None, lengths: list[int | None] | None = None) -> list[list[int]]:
         """The batch's items (their indexes) in forwards of similar length: sorted by length,
         a forward ends where adding the next item would make padding more than
         ``MAX_PADDING_SHARE`` of it, or its tokens (items x the longest) pass
@@ -359,7 +353,8 @@ class Runtime(Streaming):
         n = len(inputs)
         if n < 2:
             return [list(range(n))] if n else []
-        lengths = [self.model.length(x) for x in inputs]
+        if lengths is None:
+            lengths = [self.model.length(x) for x in inputs]
         if any(length is None for length in lengths) or len(set(lengths)) == 1 and not self.max_batch_tokens:
             return [list(range(n))]
         order = sorted(range(n), key=lambda i: lengths[i])  # type: ignore[arg-type, return-value]
@@ -377,11 +372,11 @@ class Runtime(Streaming):
                 useful += longest  # type: ignore[operator]
         return groups
 
-    def _forward(self, items: list[Item], inputs: list[Any], threads: int = 0) -> list[Any]:
+    def _forward(self, items: list[Item], inputs: list[Any], threads: int = 0, tokens: int | None = None) -> list[Any]:
         """Collate, copy, forward, copy back and split; on failure retry one by one. A model
         that yields streams its items' answers here (their outputs are ``_STREAMED``)."""
         try:
-            outs = self._batched(items, inputs, threads)
+            outs = self._batched(items, inputs, threads, tokens)
         except Exception as exc:
             if len(items) == 1:
                 _fail(items[0], exc, 500, "forward")
@@ -395,7 +390,7 @@ class Runtime(Streaming):
         outs = []
         for it, x in zip(items, inputs):  # batch-mates of a bad item still get answers
             try:
-                out = self._batched([it], [x], threads)
+                out = self._batched([it], [x], threads, _tokens([self.model.length(x)]))
             except Exception as exc:
                 _fail(it, exc, 500, "forward")
                 outs.append(None)
@@ -416,7 +411,7 @@ class Runtime(Streaming):
             )  # fmt: skip
         return outs
 
-    def _batched(self, items: list[Item], inputs: list[Any], threads: int = 0) -> list[Any] | _Steps:
+    def _batched(self, items: list[Item], inputs: list[Any], threads: int = 0, tokens: int | None = None) -> list[Any] | _Steps:
         # one trace for the batch, on the device's clock: the model's own servescope.stage()s
         # inside collate or infer count under their names; every item waited for all of it
         batch_trace = Trace(clock=self.clock)
@@ -439,7 +434,7 @@ class Runtime(Streaming):
                     if inspect.isgenerator(out):  # infer yields: its first step is this forward
                         steps = _Steps(out, self._call(next, out, _END))
                     if tuner is not None:
-                        tuner.record(threads, time.perf_counter_ns() - t0, len(items), None if steps is not None else self._tokens(inputs))
+                        tuner.record(threads, time.perf_counter_ns() - t0, len(items), None if steps is not None else tokens)
                 if steps is None:
                     with stage("to_host"):
                         out = to_host(out)
@@ -480,6 +475,15 @@ def _hook(item: Item, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         for k, ns in t.durations_ns.items():
             if k != OTHER:
                 durations[k] = durations.get(k, 0) + ns
+
+
+#: one forward of a batch: its items, their inputs, and its tokens (``_tokens``)
+_Part = tuple[list[Item], list[Any], "int | None"]
+
+
+def _tokens(lengths: list[int | None]) -> int | None:
+    """A forward's items x its longest input, when every input has a length (else None)."""
+    return None if not lengths or any(n is None for n in lengths) else len(lengths) * max(lengths)  # type: ignore[type-var, operator]
 
 
 def _holds_torch(torch: Any, values: list[Any]) -> bool:
