@@ -187,6 +187,32 @@ def test_an_endpoint_whose_answers_vary_is_compared_by_structure_under_concurren
     assert w.tried and "compared by structure only" in w.answers
 
 
+def test_blocks_at_concurrency_shrink_to_fit_the_time_left():
+    # four requests a caller where three pairs of such blocks fit in what is left; two a caller
+    # (never fewer) for an endpoint so slow that they would not: a busy machine's doctor run
+    # spent 35 s on one such experiment with a budget of 15
+    sizes = {}
+    for ms in (20.0, 100.0, 800.0):
+        ep = FakeEndpoint(base_ms=ms)
+        ep.saving_ms = 1.0
+        asked, answer = [], ep.concurrent
+        ep.concurrent = lambda body, c, n, t, m, answer=answer, asked=asked: (asked.append(n), answer(body, c, n, t, m))[1]
+        assert lab(ep, budget_s=15.0, clock=lambda: 0.0).compare(toggle(ep), concurrency=8).tried
+        sizes[ms] = set(asked)
+    assert sizes == {20.0: {32}, 100.0: {21}, 800.0: {16}}
+
+
+def test_on_a_busy_machine_the_thread_experiments_run_first(monkeypatch):
+    from servescope.doctor.experiments import EXPERIMENTS, run_experiments
+
+    for busy in (False, True):
+        ran = []
+        for name in EXPERIMENTS:
+            monkeypatch.setitem(EXPERIMENTS, name, lambda ev, lab, seen, name=name: ran.append(name))
+        run_experiments(_evidence(), lab(FakeEndpoint()), Seen(), frozenset({"memoise-loaders", "torch-threads"}), busy=busy)
+        assert ran == (["torch-threads", "memoise-loaders"] if busy else ["memoise-loaders", "torch-threads"])
+
+
 def test_no_time_left_is_said_not_guessed():
     ep = FakeEndpoint()
     w = Lab(ep, b"{}", timeout_s=1.0, budget_s=0.0).compare(toggle(ep))
@@ -576,6 +602,17 @@ def test_fewer_blas_threads_are_limited_around_the_model_calls_of_the_fixed_bloc
     out = fewer_blas_threads(ev, lab(Endpoint()), Seen(owners={"fp": (est, "predict", None)}))
     assert out.tried and "threadpool_limits(1)" in out.fix and out.hits >= 4
     assert 1 in sizes and before in sizes and largest() == before and "predict" not in vars(est)
+
+
+def test_fewer_blas_threads_leave_a_torch_model_to_the_torch_threads_experiment():
+    torch = pytest.importorskip("torch")
+    from servescope.doctor.evidence import Environment, Machine
+    from servescope.doctor.experiments.threads import fewer_blas_threads
+
+    ev = Evidence(environment=Environment(blas_threads=2, cpus_available=2), machine=Machine(others_cores=1.0), warm=Warm(requests=3))
+    model = torch.nn.Linear(4, 4)
+    ep = FakeEndpoint()
+    assert fewer_blas_threads(ev, lab(ep), Seen(torch=torch, owners={"fp": (model, "forward", None)})) is None and ep.n == 0
 
 
 def test_a_streamed_answers_steps_run_off_the_servers_loop_in_order():

@@ -361,7 +361,8 @@ class _Run:
         lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5))
         self.tick("trying fixes", 0.0)
         try:
-            self.experiments.update(run_experiments(self._evidence(), lab, Seen.from_probes(self.probes, self.constant, self.data_keys), frozenset(names)))
+            seen = Seen.from_probes(self.probes, self.constant, self.data_keys)
+            self.experiments.update(run_experiments(self._evidence(), lab, seen, frozenset(names), busy=self.machine.busy))
         finally:
             self.lab_s += time.perf_counter() - t0
 

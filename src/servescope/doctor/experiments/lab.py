@@ -168,11 +168,13 @@ class Lab:
         lat, _ = self._block(None, 2, answers)  # (two: does it answer the same each time?)
         if self._streamed:
             out.measure = "first chunk"
-        n = 1 if c > 1 else max(1, min(self.MAX_BLOCK, round(self.BLOCK_S * 1000 / max(statistics.median(lat), 0.01))))
-        per_block = requests or max(4 * c, 8)  # (long enough for the load to settle within a block)
+        seq_ms = max(statistics.median(lat), 0.01)
+        n = 1 if c > 1 else max(1, min(self.MAX_BLOCK, round(self.BLOCK_S * 1000 / seq_ms)))
+        per_block = requests or self._per_block(c, seq_ms)
         base_mb = _memory_mb()  # what the fix keeps across its blocks shows in every block after
         self._block(fix, 1, answers)  # primes the fix (fills its memos): not counted
-        stop = self.clock() + min(self.per_fix_s, self.left())
+        # (a third of what is left at most: the fixes after this one get their pairs too)
+        stop = self.clock() + min(self.per_fix_s, self.left() / 3)
         a_meds, b_meds, a_all, b_all, a_rps, b_rps = [], [], [], [], [], []
         pairs = 0
         while pairs < self.MAX_PAIRS and (pairs < self.MIN_PAIRS or self.clock() < stop):
@@ -213,6 +215,15 @@ class Lab:
             out.hits = fix.hits()
             if out.hits == 0:
                 raise Abandon("the fix never took effect: " + (fix.no_effect or "no call it changes was made"))
+
+    def _per_block(self, c: int, seq_ms: float) -> int:
+        """Requests in a block at ``c`` callers: four a caller, so the load settles within a
+        block; down to two a caller where ``MIN_PAIRS`` pairs of such blocks would not end
+        within the time left, judged by the unchanged endpoint's sequential latency (its
+        callers served one after another: what a block costs at most when they gain nothing
+        from each other). A slow endpoint, or a busy machine, would otherwise spend minutes here."""
+        fits = self.left() / (2 * self.MIN_PAIRS + 1) * 1000 / seq_ms
+        return max(2 * c, min(4 * c, int(fits)))
 
     def _block(self, fix: Fix | None, n: int, answers: Answers) -> tuple[list[float], None]:
         undo = fix.apply() if fix is not None else None

@@ -157,9 +157,12 @@ def fewer_ort_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
 
 def fewer_blas_threads(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     """BLAS's pool (OpenBLAS, MKL) is the process's, OpenMP's each thread's own: the limit is
-    set around each model call, on the thread that makes it, and lifted after it."""
+    set around each model call, on the thread that makes it, and lifted after it. A torch
+    module's calls are left to ``torch-threads`` (the limit would shrink torch's OpenMP pool:
+    the same experiment again)."""
     target = thread_target(ev, "blas_threads")
-    targets = list({id(o): (o, m) for o, m, _ in seen.owners.values()}.values())
+    module = seen.torch.nn.Module if seen.torch is not None else ()
+    targets = list({id(o): (o, m) for o, m, _ in seen.owners.values() if not isinstance(o, module)}.values())
     if target is None or not targets:
         return None
     try:
