@@ -36,6 +36,23 @@ def wait_ready(url: str, body: bytes, proc: subprocess.Popen, timeout: float = 1
     raise RuntimeError("not ready in time")
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) the live processes of process group ``pgid`` have used: a
+    server started in a session of its own, with its workers."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (gone meanwhile)
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def stop_group(proc: subprocess.Popen) -> None:
     """Stop a server started with ``start_new_session=True`` and every process it started (its
     session), by its PID: LitServe's workers outlive a plain terminate() and keep spinning."""
@@ -55,18 +72,18 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 def each_server(
-    servers: dict[str, list[str]], url: str, ready_body: bytes, measure: Callable[[str], dict[str, Any]], *, cwd: Path, env: dict[str, str]
+    servers: dict[str, list[str]], url: str, ready_body: bytes, measure: Callable[[str, int], dict[str, Any]], *, cwd: Path, env: dict[str, str]
 ) -> dict[str, dict[str, Any]]:
     """Start each server alone (a session of its own), wait until it answers ``ready_body``,
-    ``measure(name)``, stop it with everything it started; a server that cannot start is a
-    row ``{"skipped": why}``, not a crash."""
+    ``measure(name, pgid)`` (its process group: ``group_cpu_s``), stop it with everything it
+    started; a server that cannot start is a row ``{"skipped": why}``, not a crash."""
     rows: dict[str, dict[str, Any]] = {}
     for name, cmd in servers.items():
         # a session of its own: LitServe's worker processes go with it (killpg), not on spinning
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_ready(url, ready_body, proc)
-            rows[name] = measure(name)
+            rows[name] = measure(name, proc.pid)
         except Exception as exc:  # noqa: BLE001 - a benchmark row, not a crash
             rows[name] = {"skipped": str(exc)}
         finally:

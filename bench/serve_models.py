@@ -17,6 +17,11 @@ only for this benchmark (`pip install litserve`); a server that cannot start is 
 way for every server (#24), and adds servescope.serve with its threads fixed at the CPU
 count (`OMP_NUM_THREADS`, as before it adapted them) to show what adapting is worth; the
 thread count servescope.serve settled on is read from its /metrics after the load.
+
+"cores" is the CPU the server's processes used during its c=16 run, and "req/core-s" its
+requests per CPU-second: beside the neighbour the scheduler gives the server's session about
+one core of the two (the neighbour runs in this script's session), so a server that uses
+both cores when quiet keeps about that share of its quiet throughput however efficient it is.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _servers import each_server, free_port, neighbour  # bench/ is on the path: run as a script
+from _servers import each_server, free_port, group_cpu_s, neighbour  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
@@ -133,10 +138,14 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}/predict"
     batch = None
 
-    def measure(name: str) -> dict:
+    def measure(name: str, pgid: int) -> dict:
         nonlocal batch
         bench(url, bodies, 16, 2, tmp / "warm.json")
-        row = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
+        cpu0, t0 = group_cpu_s(pgid), time.perf_counter()
+        row = {16: bench(url, bodies, 16, args.seconds, tmp / "c16.json")}
+        # the cores the server used at c=16 (its warm-up second and drain included)
+        row[16]["cores"] = (group_cpu_s(pgid) - cpu0) / (time.perf_counter() - t0)
+        row[1] = bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")
         if name.startswith("servescope"):
             batch = mean_batch(f"http://127.0.0.1:{port}") if name.startswith("servescope.serve (") else batch
             threads[name] = serve_threads(f"http://127.0.0.1:{port}")
@@ -151,14 +160,15 @@ def main() -> None:
           f"{', a neighbour keeping one core busy' if args.neighbour else ''}")  # fmt: skip
     for name, n in threads.items():
         print(f"{name}: torch threads after the load {n}")
-    print(f"{'server':<38} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+    print(f"{'server':<38} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'cores':>6} {'req/core-s':>10}")
     for name, r in rows.items():
         if "skipped" in r:
             print(f"{name:<38} skipped: {r['skipped']}")
             continue
         for c in (16, 1):
             x = r[c]
-            print(f"{name:<38} {c:>3} {x['rps']:>8.1f} {x['p50']:>8.2f} {x['p99']:>8.2f} {x['errors']:>7}")
+            used = f" {x['cores']:>6.2f} {x['rps'] / x['cores']:>10.1f}" if x.get("cores") else ""
+            print(f"{name:<38} {c:>3} {x['rps']:>8.1f} {x['p50']:>8.2f} {x['p99']:>8.2f} {x['errors']:>7}{used}")
     for lanes, limit in limits.items():
         print(f"{f'forward loop at batch {size}, {lanes} at once':<38} {'':>3} {limit:>8.1f}")
     ours = rows.get("servescope.serve (max_batch_size 16)", {})

@@ -90,7 +90,7 @@ def main() -> None:
     }
     url = f"http://127.0.0.1:{port}/predict"
 
-    def measure(name: str) -> dict:
+    def measure(name: str, pgid: int) -> dict:
         bench(url, bodies, 8, 2, tmp / "warm.json")
         return {8: bench(url, bodies, 8, args.seconds, tmp / "c8.json"), 1: bench(url, bodies, 1, args.seconds / 2, tmp / "c1.json")}
 
