@@ -366,6 +366,24 @@ def test_the_batch_probe_interleaves_sizes_so_a_burst_of_contention_slows_each_o
     assert probe.best_batch == 4 and probe.gain is not None and probe.gain > 2.0, probe.per_item_ms
 
 
+def test_the_batch_probes_rounds_stop_when_they_take_long_but_never_before_three():
+    from servescope.doctor.batchprobe import MIN_ROUNDS, ROUNDS, _best_each
+
+    for cost_s, rounds in ((0.001, ROUNDS), (0.5, MIN_ROUNDS)):  # a quiet model; a busy machine's batch of 16
+        now, runs = [0.0], {"1": 0, "16": 0}
+
+        def call(size, cost_s=cost_s, now=now, runs=runs):
+            def run():
+                runs[size] += 1
+                now[0] += cost_s * int(size)  # (the clock moves only as the calls run)
+
+            return run
+
+        best = _best_each({k: call(k) for k in runs}, clock=lambda now=now: now[0])
+        assert runs == {"1": rounds + 1, "16": rounds + 1}  # (+1: the first, unmeasured round)
+        assert best == {"1": pytest.approx(cost_s * 1000), "16": pytest.approx(cost_s * 16000)}
+
+
 def test_on_a_busy_machine_the_batch_probe_also_times_each_size_on_the_fewer_threads_left_free():
     import contextlib
     import threading

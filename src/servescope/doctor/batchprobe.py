@@ -22,18 +22,26 @@ def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
     return min(times) * 1000
 
 
-def _best_each(calls: dict[str, Callable[[], Any]], repeat: int = 9) -> dict[str, float]:
-    """Each call's best time (ms) over ``repeat`` rounds that run every call once, in turn: a
-    burst of contention on a busy machine (a neighbour taking a core) then slows one round of
-    every call, not every repeat of one of them."""
+#: rounds of every size: at most ``ROUNDS``, and past ``MIN_ROUNDS`` no new round starts after
+#: ``ROUNDS_S`` (on a busy machine, a model whose batch of 16 takes a second: 20 rounds took 30 s)
+ROUNDS, MIN_ROUNDS, ROUNDS_S = 9, 3, 4.0
+
+
+def _best_each(calls: dict[str, Callable[[], Any]], clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Each call's best time (ms) over rounds that run every call once, in turn: a burst of
+    contention on a busy machine (a neighbour taking a core) then slows one round of every
+    call, not every repeat of one of them."""
+    start = clock()
     for fn in calls.values():
         fn()
     best = dict.fromkeys(calls, float("inf"))
-    for _ in range(repeat):
+    for done in range(ROUNDS):
+        if done >= MIN_ROUNDS and clock() - start > ROUNDS_S:
+            break
         for key, fn in calls.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            best[key] = min(best[key], time.perf_counter() - t0)
+            best[key] = min(best[key], clock() - t0)
     return {k: v * 1000 for k, v in best.items()}
 
 
