@@ -71,6 +71,20 @@ def stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def run_alone(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own, as a user
+    runs a command from a shell: the kernel shares the CPUs between sessions, so a command in the
+    session of ``neighbour()`` (this script's) would get part of the neighbour's share. Past
+    ``timeout`` the whole session is stopped (the doctor's child and fresh processes too)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def each_server(
     servers: dict[str, list[str]], url: str, ready_body: bytes, measure: Callable[[str, int], dict[str, Any]], *, cwd: Path, env: dict[str, str]
 ) -> dict[str, dict[str, Any]]:

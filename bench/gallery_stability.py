@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _servers import neighbour  # noqa: E402  (the same neighbour as bench/savings.py)
+from _servers import neighbour, run_alone  # noqa: E402  (the same neighbour as bench/savings.py)
 
 
 def gallery() -> tuple[dict[str, set[str]], Callable[..., list[str]], Callable[[str, dict], set[str]]]:
@@ -40,10 +39,7 @@ def run(target: str, command: Callable[..., list[str]], tmp: Path) -> tuple[set[
     out = tmp / "r.json"
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    subprocess.run(
-        command(target, "--json", str(out)),
-        capture_output=True, text=True, timeout=600, cwd=tmp, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False,
-    )  # fmt: skip
+    run_alone(command(target, "--json", str(out)), timeout=600, cwd=tmp, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     took = time.perf_counter() - t0
     if not out.exists():
         return {"(no report)"}, took, {}

@@ -34,7 +34,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from _servers import free_port, neighbour, stop_group  # bench/ is on the path: run as a script
+from _servers import free_port, neighbour, run_alone, stop_group  # bench/ is on the path: run as a script
 
 HERE = Path(__file__).resolve().parent
 CASES_DIR = HERE / "savings"
@@ -153,7 +153,7 @@ def doctor(case: Case, body: Path, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "servescope", "doctor", str(CASES_DIR / f"{case.module}.py") + ":app", "--body", str(body),
            "--path", case.path, "-c", str(max(case.concurrency, 8)), "--json", str(out)]  # fmt: skip
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp, check=False)
+    p = run_alone(cmd, timeout=600, env=_env(), cwd=tmp)  # (a session of its own, as the servers')
     took = time.perf_counter() - t0
     if not out.exists():
         return {"error": (p.stdout + p.stderr)[-400:], "seconds": took}
