@@ -172,6 +172,24 @@ def test_concurrent_experiments_report_throughput_at_their_load():
     assert w.saving_ms == pytest.approx(10.0)
 
 
+def test_an_apps_concurrent_blocks_come_from_outside_when_they_can_and_from_inside_when_not():
+    ep = FakeEndpoint(base_ms=40.0)
+    ep.saving_ms = 10.0
+    outside, inside = [], []
+    original = ep.concurrent
+    ep.concurrent = lambda *a: (inside.append(1), original(*a))[1]
+
+    def from_outside(body, concurrency, requests, timeout_s, max_seconds):
+        outside.append(1)
+        return original(body, concurrency, requests, timeout_s, max_seconds)
+
+    ep.concurrent_from_outside = from_outside
+    assert lab(ep).compare(toggle(ep), concurrency=4).saving_ms == pytest.approx(10.0)
+    assert len(outside) == 6 and not inside  # (three pairs of blocks)
+    ep.concurrent_from_outside = lambda *a: None  # no helper could run: measured in-process
+    assert lab(ep).compare(toggle(ep), concurrency=4).saving_ms == pytest.approx(10.0) and len(inside) == 6
+
+
 def test_an_endpoint_whose_answers_vary_is_compared_by_structure_under_concurrency_too():
     ep = FakeEndpoint()
     ep.saving_ms = 5.0

@@ -25,6 +25,7 @@ from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .function import lag_monitor
+from .outside import OutsideLoad
 
 __all__ = ["ASGIEndpoint", "REQUEST_ID_HEADER", "WSGIEndpoint", "free_port"]
 
@@ -103,6 +104,7 @@ class _HTTPEndpoint:
         self.port = 0
         self.lag_ms: list[float] = []
         self._next_id = 0
+        self._outside: OutsideLoad | None = None
 
     @property
     def url(self) -> str:
@@ -199,6 +201,28 @@ class _HTTPEndpoint:
         return obs, elapsed
 
 
+    def concurrent_from_outside(
+        self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+    ) -> tuple[list[Observation], float] | None:
+        """The load of ``concurrent``, sent by a helper process as a server's clients are
+        (endpoints/outside.py): latencies and errors, no traces. None when no helper could run
+        it."""
+        if self._outside is None:
+            self._outside = OutsideLoad()
+        got = self._outside.run(
+            self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
+        )
+        self.collector.forget()  # (the server kept a trace of each: none is claimed)
+        if got is None:
+            return None
+        results, elapsed = got
+        return [Observation(lat, error=err, first_chunk_ms=first) for lat, err, first in results], elapsed
+
+    def _close_outside(self) -> None:
+        if self._outside is not None:
+            self._outside.close()
+
+
 class _EvidenceASGI:
     """Sets a fresh evidence record for each request; starts the loop-lag monitor once."""
 
@@ -291,6 +315,7 @@ class ASGIEndpoint(_HTTPEndpoint):
             return None
 
     def stop(self) -> None:
+        self._close_outside()
         if self._server is not None:
             self._server.should_exit = True
             self._server.force_exit = True  # a handler that never returns is not waited for
@@ -343,6 +368,7 @@ class WSGIEndpoint(_HTTPEndpoint):
         threading.Thread(target=self._server.serve_forever, daemon=True, name="servescope-wsgi").start()
 
     def stop(self) -> None:
+        self._close_outside()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

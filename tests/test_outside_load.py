@@ -1,0 +1,56 @@
+"""The experiments' concurrent blocks sent from a helper process (doctor/endpoints/outside.py),
+against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from servescope.doctor.endpoints.outside import OutsideLoad
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(0.005)
+        code = 500 if body == b"fail" else 200
+        self.send_response(code)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_block_from_outside_gives_each_requests_latency_and_error_and_the_helper_ends_with_it():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/predict"
+    load = OutsideLoad()
+    try:
+        ok = load.run(url, "POST", b"{}", "application/json", concurrency=4, requests=12, timeout_s=10, max_seconds=30)
+        assert ok is not None
+        results, elapsed = ok
+        assert len(results) == 12 and all(err is None for _, err, _ in results), results
+        assert all(5.0 <= lat < 10_000 for lat, _, _ in results) and elapsed > 0  # (each sleeps 5 ms)
+        helper = load.proc.pid
+        bad, _ = load.run(url, "POST", b"fail", "application/json", concurrency=2, requests=4, timeout_s=10, max_seconds=30)
+        assert len(bad) == 4 and all(err for _, err, _ in bad)  # the server's 500s are the block's errors
+        assert load.proc.pid == helper  # (one helper for every block)
+    finally:
+        load.close()
+        server.shutdown()
+        server.server_close()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{helper}")
+
+
+def test_no_helper_is_said_with_none_and_the_caller_measures_in_process():
+    load = OutsideLoad()
+    load.broken = "it could not start"
+    assert load.run("http://127.0.0.1:9/x", "POST", b"", None, concurrency=1, requests=1, timeout_s=1, max_seconds=1) is None
