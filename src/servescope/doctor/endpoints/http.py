@@ -200,7 +200,6 @@ class _HTTPEndpoint:
         self.collector.forget()
         return obs, elapsed
 
-
     def concurrent_from_outside(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float] | None:
