@@ -398,8 +398,8 @@ def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all():
         except OSError:
             return False
 
-    # every worker stopped with the supervisor (a helper of multiprocessing's, its resource
-    # tracker, sees the supervisor gone and ends a moment after it: a bounded wait, not a race)
+    # every worker stopped with the supervisor (one of its processes was seen running, reparented,
+    # a moment after the supervisor exited, and gone soon after: a bounded wait, not a race)
     deadline = time.monotonic() + 15
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
