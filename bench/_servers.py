@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def free_port() -> int:
@@ -36,21 +36,24 @@ def wait_ready(url: str, body: bytes, proc: subprocess.Popen, timeout: float = 1
     raise RuntimeError("not ready in time")
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) the live processes of process group ``pgid`` have used: a
-    server started in a session of its own, with its workers."""
-    total = 0.0
+def proc_stats() -> Iterator[tuple[str, list[str]]]:
+    """Each live process's PID and the fields of its /proc stat after its name (state ppid
+    pgrp session ... utime stime at 11 and 12)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                yield entry, f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # (gone meanwhile)
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) the live processes of process group ``pgid`` have used: a
+    server started in a session of its own, with its workers."""
+    ticks = sum(int(f[11]) + int(f[12]) for _, f in proc_stats() if int(f[2]) == pgid)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def stop_group(proc: subprocess.Popen) -> None:

@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from _servers import free_port, stop_group  # bench/ is on the path: run as a script
+from _servers import free_port, proc_stats, stop_group  # bench/ is on the path: run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "bench" / "servers"
@@ -316,15 +316,8 @@ class SessionCPU:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for d in os.listdir("/proc"):
-                if not d.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{d}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[3]) == self.sid:  # fields after the name: state ppid pgrp session ...
+            for d, fields in proc_stats():
+                if int(fields[3]) == self.sid:
                     self.seen[d] = max(self.seen.get(d, 0), int(fields[11]) + int(fields[12]))
             self._stop.wait(0.2)
 

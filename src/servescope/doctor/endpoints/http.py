@@ -25,7 +25,7 @@ from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .function import lag_monitor
-from .outside import OutsideLoad
+from .outside import OutsideLoad, closed_loop_block
 
 __all__ = ["ASGIEndpoint", "REQUEST_ID_HEADER", "WSGIEndpoint", "free_port"]
 
@@ -166,25 +166,11 @@ class _HTTPEndpoint:
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
-        from ...load.loadgen import URL, LoadGenerator, build_requests, error_kind
+        from ...load.loadgen import error_kind
 
-        target = URL.parse(self.url)
-        raw = build_requests(target, method=self.method, bodies=[body], content_type=self.content_type if body else None)
-        gen = LoadGenerator(target, raw, timeout_s=timeout_s)
-        t0 = time.perf_counter()
-
-        async def run() -> list[Any]:
-            # new requests until the budget is spent (stop), each with the whole timeout to
-            # answer (the drain), then what is still in flight counts as unfinished
-            task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests, drain_s=timeout_s + 0.5))
-            done, _ = await asyncio.wait({task}, timeout=max_seconds)
-            if not done:
-                gen.stop()
-                done, _ = await asyncio.wait({task}, timeout=timeout_s + 2.0)
-            return task.result() if done else []
-
-        results = asyncio.run(run())
-        elapsed = time.perf_counter() - t0
+        results, elapsed = closed_loop_block(
+            self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
+        )
         obs = []
         # (the generator's word for a request still in flight at the end is UNFINISHED's)
         # each result finds its trace by the id its answer named: a request that got no

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["OutsideLoad"]
+__all__ = ["OutsideLoad", "closed_loop_block"]
 
 #: how long the helper may take to start and answer its first line (imports)
 START_S = 60.0
@@ -82,27 +82,41 @@ class OutsideLoad:
             proc.stdout.close()
 
 
-def _block(job: dict[str, Any]) -> dict[str, Any]:
+def closed_loop_block(
+    url: str, method: str, body: bytes, content_type: str | None, *, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+) -> tuple[list[Any], float]:
+    """The load generator's results for one block, and its wall time: new requests until
+    ``requests`` have started or ``max_seconds`` passed, each with the whole timeout to answer
+    (the drain), then what is still in flight counts as unfinished. In this process (the doctor's
+    concurrent phase) or in the helper's."""
     import asyncio
 
-    from ...load.loadgen import URL, LoadGenerator, build_requests, error_kind
+    from ...load.loadgen import URL, LoadGenerator, build_requests
 
-    body = base64.b64decode(job["body"])
-    target = URL.parse(job["url"])
-    raw = build_requests(target, method=job["method"], bodies=[body], content_type=job["content_type"] if body else None)
-    gen = LoadGenerator(target, raw, timeout_s=job["timeout_s"])
+    target = URL.parse(url)
+    raw = build_requests(target, method=method, bodies=[body], content_type=content_type if body else None)
+    gen = LoadGenerator(target, raw, timeout_s=timeout_s)
     t0 = time.perf_counter()
 
-    async def run() -> list[Any]:  # (as the in-process blocks: endpoints/http.py concurrent)
-        task = asyncio.ensure_future(gen.closed_loop(concurrency=job["concurrency"], requests=job["requests"], drain_s=job["timeout_s"] + 0.5))
-        done, _ = await asyncio.wait({task}, timeout=job["max_seconds"])
+    async def run() -> list[Any]:
+        task = asyncio.ensure_future(gen.closed_loop(concurrency=concurrency, requests=requests, drain_s=timeout_s + 0.5))
+        done, _ = await asyncio.wait({task}, timeout=max_seconds)
         if not done:
             gen.stop()
-            done, _ = await asyncio.wait({task}, timeout=job["timeout_s"] + 2.0)
+            done, _ = await asyncio.wait({task}, timeout=timeout_s + 2.0)
         return task.result() if done else []
 
     results = asyncio.run(run())
-    elapsed = time.perf_counter() - t0
+    return results, time.perf_counter() - t0
+
+
+def _block(job: dict[str, Any]) -> dict[str, Any]:
+    from ...load.loadgen import error_kind
+
+    results, elapsed = closed_loop_block(
+        job["url"], job["method"], base64.b64decode(job["body"]), job["content_type"], concurrency=job["concurrency"],
+        requests=job["requests"], timeout_s=job["timeout_s"], max_seconds=job["max_seconds"],
+    )  # fmt: skip
     out = []
     for r in results:
         times = r.stream[2] if r.stream else None
