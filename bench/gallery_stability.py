@@ -1,12 +1,13 @@
 """#22: are the doctor's findings on the gallery the same run after run, with a busy neighbour?
 
-    python bench/gallery_stability.py [--runs 3] [--neighbour] [--only NAME,...]
+    python bench/gallery_stability.py [--runs 3] [--neighbour] [--only NAME,...] [--keep DIR]
 
 Runs `servescope doctor` (as a user would, `--requests 15`) on every endpoint of
 examples/doctor/ `--runs` times; with `--neighbour`, a process keeps one core busy for the
 whole run. For each endpoint: the findings of each run, whether every run named the same
 causes, whether they are the expected ones as the gallery test judges them
-(tests/e2e/test_doctor_gallery.py `judged`), and the longest run.
+(tests/e2e/test_doctor_gallery.py `judged`), and the longest run. ``--keep DIR`` keeps each
+run's JSON report there (NAME-RUN.json), to read what moved a finding between runs.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ def gallery() -> tuple[dict[str, set[str]], Callable[..., list[str]], Callable[[
     return mod.EXPECTED, mod.command, mod.judged
 
 
-def run(target: str, command: Callable[..., list[str]], tmp: Path) -> tuple[set[str], float, dict]:
-    """(the causes named, seconds, the report) of one doctor run."""
-    out = tmp / "r.json"
+def run(target: str, command: Callable[..., list[str]], tmp: Path, out: Path) -> tuple[set[str], float, dict]:
+    """(the causes named, seconds, the report) of one doctor run, its report written to ``out``."""
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
     run_alone(command(target, "--json", str(out)), timeout=600, cwd=tmp, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--neighbour", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--keep", type=Path, default=None, help="a folder to keep each run's JSON report in")
     args = ap.parse_args()
     expected, command, judged = gallery()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-gallery-"))
@@ -60,7 +61,10 @@ def main() -> None:
         for target in sorted(expected):
             if args.only and target.split(":")[0].removesuffix(".py") not in args.only.split(","):
                 continue
-            runs = [run(target, command, tmp) for _ in range(args.runs)]
+            keep = args.keep or tmp
+            keep.mkdir(parents=True, exist_ok=True)
+            name = target.split(":")[0].removesuffix(".py")
+            runs = [run(target, command, tmp, keep / f"{name}-{i + 1}.json") for i in range(args.runs)]
             rows.append((target, runs))
             print(json.dumps({"target": target, "runs": [[sorted(f), round(t, 1), _machine(r).get("others_cores")] for f, t, r in runs]}), flush=True)
     same = sum(1 for _, runs in rows if all(f == runs[0][0] for f, _, _ in runs))

@@ -88,6 +88,34 @@ def test_a_block_a_neighbour_slowed_does_not_move_the_saving():
     assert w.coverage >= 0.95
 
 
+def test_pairs_that_agree_end_the_fix_early_and_noisy_ones_get_every_pair():
+    from servescope.doctor.experiments.lab import SETTLED_PAIRS
+
+    steady = FakeEndpoint(base_ms=100.0)
+    steady.saving_ms = 60.0
+    w = lab(steady, per_fix_s=60.0, budget_s=60.0).compare(toggle(steady))
+    assert w.pairs == SETTLED_PAIRS and w.saving_ms == pytest.approx(60.0)
+    nothing = FakeEndpoint(base_ms=100.0, jitter=[0.0, 0.5, -0.5])  # a saving of about nothing
+    assert lab(nothing, per_fix_s=60.0, budget_s=60.0).compare(toggle(nothing)).pairs == SETTLED_PAIRS
+    noisy = FakeEndpoint(base_ms=100.0, jitter=[0.0, 40.0, -30.0, 25.0, -45.0, 10.0, 35.0])
+    noisy.saving_ms = 60.0
+    assert lab(noisy, per_fix_s=60.0, budget_s=60.0).compare(toggle(noisy)).pairs == Lab.MAX_PAIRS
+
+
+def test_the_endpoint_as_written_gives_its_answer_once_a_lab_and_each_fix_is_still_checked_against_it():
+    ep = FakeEndpoint()
+    ep.saving_ms = 5.0
+    one = lab(ep)
+    first = one.compare(toggle(ep))
+    sent = ep.n
+    second = one.compare(toggle(ep))
+    assert first.tried and second.tried and first.pairs == second.pairs
+    assert ep.n - sent == sent - 2  # (the same blocks, less the two requests of the reference)
+    ep.fixed_answer = {"y": [9.0, 2.0]}
+    third = one.compare(toggle(ep))
+    assert not third.tried and "the answers changed with the fix" in third.why_not
+
+
 def test_the_interval_says_its_coverage_when_few_pairs_allow_no_95_percent():
     from servescope.doctor.experiments.lab import paired_saving
 

@@ -30,18 +30,18 @@ from typing import Any, Callable
 from ..environment import CpuReading
 from .evidence import TORCH_KINDS, Evidence, WhatIf
 
-__all__ = ["PASSIVE", "compare_environments", "passive_called_for", "start_endpoint", "try_wait_policy"]
+__all__ = ["PASSIVE", "compare_environments", "fresh_blocks_s", "passive_called_for", "start_endpoint", "try_wait_policy"]
 
 #: OpenMP's idle threads asleep instead of spinning (read when the OpenMP runtime loads)
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 #: Requests each process answers before the blocks (a first request's imports, caches).
-WARM = 3
+WARM = 2
 #: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them).
 BLOCK_S, MAX_BLOCK = 0.5, 100
 #: The blocks get this share of the doctor's ``experiment_seconds``, at most ``MAX_BLOCKS_S``
 #: (the processes' start-up comes on top).
-BLOCKS_SHARE, MAX_BLOCKS_S = 0.5, 8.0
+BLOCKS_SHARE, MAX_BLOCKS_S = 0.5, 6.0
 #: Pairs of blocks: at least ``MIN_PAIRS`` (an interval from 5 pairs covers 94%), at most ``MAX_PAIRS``.
 MIN_PAIRS, MAX_PAIRS = 5, 8
 
@@ -74,15 +74,20 @@ def passive_called_for(ev: Evidence) -> bool:
     return forwards is not None and not TORCH_KINDS.isdisjoint(forwards.kinds)
 
 
+def fresh_blocks_s(options: Any) -> float:
+    """The time the fresh processes' blocks get: taken from the experiments' time (the fixes at
+    one client keep the rest) so the run ends about when its budgets say."""
+    return min(BLOCKS_SHARE * options.experiment_seconds, MAX_BLOCKS_S)
+
+
 def try_wait_policy(ev: Evidence, try_environment: Callable[[dict[str, str], str, float], WhatIf], options: Any) -> WhatIf | None:
     """``OMP_WAIT_POLICY=PASSIVE`` tried by ``try_environment`` (``compare_environments`` bound to
     the doctor's endpoint) where the evidence calls for it; None where it does not. A failure is
     the experiment's, reported as not tried with the error, never the doctor's crash."""
     if not passive_called_for(ev):
         return None
-    budget = min(BLOCKS_SHARE * options.experiment_seconds, MAX_BLOCKS_S)
     try:
-        return try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", budget)
+        return try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", fresh_blocks_s(options))
     except Exception as exc:  # noqa: BLE001 - reported, never our crash
         return WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", why_not=f"the experiment failed: {type(exc).__name__}: {exc}"[:300])
 
@@ -176,16 +181,17 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
     if failed := next((f"{arm}: {w['error']}" for arm, w in warm.items() if "error" in w), None):
         out.why_not = f"a fresh process's requests failed ({failed})"
         return out
-    typical = max(statistics.median(w["ms"]) for w in warm.values())
+    typical = max(min(w["ms"]) for w in warm.values())  # (a first request's own costs aside)
     n = max(1, min(MAX_BLOCK, round(BLOCK_S * 1000 / max(typical, 1e-3))))
     answers: dict[str, set[str]] = {"A": set(), "B": set()}
     times: dict[str, list[float]] = {"A": [], "B": []}
     diffs: list[float] = []
+    from .experiments.lab import paired_saving, settled
     from .live.cpu import ProcessCpu
 
     reading, ours, deadline = CpuReading(), ProcessCpu([c.proc.pid for c in children.values()]), time.perf_counter() + budget_s
     for i in range(MAX_PAIRS):
-        if i >= MIN_PAIRS and time.perf_counter() > deadline:
+        if i >= MIN_PAIRS and (time.perf_counter() > deadline or settled(diffs, statistics.median(times["A"]))):
             break
         medians = {}
         for arm in ("AB" if i % 2 == 0 else "BA"):
@@ -198,8 +204,6 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
             medians[arm] = statistics.median(got["ms"])
         diffs.append(medians["A"] - medians["B"])
         tick()
-    from .experiments.lab import paired_saving
-
     if len(answers["A"]) == 1 and len(answers["B"]) == 1 and answers["A"] != answers["B"]:
         out.why_not = "the two processes answered the same body differently"
         return out

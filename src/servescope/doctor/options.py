@@ -34,7 +34,8 @@ class DoctorOptions:
     concurrency: int = 8
     concurrent_requests: int | None = None
     timeout_s: float = 30.0
-    max_seconds: float = 40.0
+    #: time for measuring the endpoint (start, cold, sequential and concurrent requests)
+    max_seconds: float = 28.0
     batch_probe: tuple[int, ...] = (1, 2, 4, 8, 16)
     #: time for trying fixes on the endpoint (doctor/experiments/); 0 tries none
     experiment_seconds: float = 30.0

@@ -107,6 +107,7 @@ class _Run:
         self.constant: frozenset[str] = frozenset()
         self.experiments: dict[str, WhatIf] = {}
         self.lab_s = 0.0  # time spent in experiments so far
+        self.lab_base: Any = None  # the endpoint as written, as the experiments first measured it
         self.data_keys: frozenset[int] = frozenset()  # loads of the request's own data (summary.data_load_keys)
 
     def _left(self) -> float:
@@ -358,13 +359,18 @@ class _Run:
         budget = o.experiment_seconds - self.lab_s
         if AT_CONCURRENCY.issuperset(names):
             budget = max(budget, LATE_SHARE * o.experiment_seconds)
-        lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5))
+        elif self.try_environment is not None:  # (the fresh processes' blocks come out of the same time)
+            from .fresh import fresh_blocks_s, passive_called_for
+
+            budget -= fresh_blocks_s(o) if passive_called_for(self._evidence()) else 0.0
+        lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5), base=self.lab_base)
         self.tick("trying fixes", 0.0)
         try:
             seen = Seen.from_probes(self.probes, self.constant, self.data_keys)
             self.experiments.update(run_experiments(self._evidence(), lab, seen, frozenset(names), busy=self.machine.busy))
         finally:
             self.lab_s += time.perf_counter() - t0
+            self.lab_base = lab.base  # (the next phase's fixes compare with the same answer)
 
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:

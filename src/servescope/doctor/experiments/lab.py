@@ -27,7 +27,13 @@ from ...environment import CpuReading
 from ..evidence import WhatIf
 from .answers import Answers
 
-__all__ = ["Abandon", "Fix", "Lab", "paired_saving"]
+__all__ = ["Abandon", "Fix", "Lab", "paired_saving", "settled"]
+
+#: Pairs enough to stop early: from five, an interval covers at least 90% ...
+SETTLED_PAIRS = 5
+#: ... and once it is this tight (its half-width against the saving, or against the request's
+#: own time when the saving is near zero), more pairs would not change what the finding says.
+SETTLED_SHARE, SETTLED_OF_REQUEST = 0.1, 0.02
 
 
 def _signed_rank_cdf(n: int) -> list[float]:
@@ -55,6 +61,17 @@ def paired_saving(diffs: list[float]) -> tuple[float, float, float, float]:
     k = max((w for w, p in enumerate(cdf) if p <= 0.025), default=0)  # pairwise means cut from each end
     coverage = 1 - 2 * cdf[k]
     return est, walsh[k], walsh[len(walsh) - 1 - k], coverage
+
+
+def settled(diffs: list[float], base_ms: float) -> bool:
+    """Whether the pairs so far pin the saving down: at least ``SETTLED_PAIRS`` of them, and an
+    interval within ``SETTLED_SHARE`` of the estimate, or within ``SETTLED_OF_REQUEST`` of the
+    request's time (a saving of about nothing). A fix whose blocks agree pair after pair then
+    costs the doctor no more of its time; a noisy one still gets every pair it can."""
+    if len(diffs) < SETTLED_PAIRS:
+        return False
+    est, low, high, _ = paired_saving(diffs)
+    return (high - low) / 2 <= max(SETTLED_SHARE * abs(est), SETTLED_OF_REQUEST * base_ms)
 
 
 class Abandon(Exception):
@@ -130,11 +147,15 @@ class Lab:
         memory_bound_mb: float | None = None,
         tick: Callable[[str], None] = lambda phase: None,
         clock: Callable[[], float] = time.perf_counter,
+        base: tuple[Any, bool, float, bool | None] | None = None,
     ) -> None:
         self.endpoint, self.body, self.timeout_s = endpoint, body, timeout_s
         self.per_fix_s, self.tick, self.clock = per_fix_s, tick, clock
         self.deadline = clock() + budget_s
         self._streamed: bool | None = None
+        #: the endpoint as written, from the first fix's first block (or an earlier lab's, on the
+        #: same endpoint and body): (answer, varies, ms, streamed)
+        self.base = base
         avail = _available_mb()
         self.memory_bound_mb = memory_bound_mb if memory_bound_mb is not None else min(2048.0, 0.5 * avail) if avail else 2048.0
 
@@ -149,7 +170,7 @@ class Lab:
             out.why_not = "the doctor's time for experiments ran out before this one"
             return out
         cpu = CpuReading()
-        self._streamed: bool | None = None
+        self._streamed = None
         try:
             self._measure(fix, concurrency, requests, out)
         except Abandon as exc:
@@ -164,11 +185,18 @@ class Lab:
     def _measure(self, fix: Fix, c: int, requests: int | None, out: WhatIf) -> None:
         answers = Answers(same=fix.same_answers)
         # the endpoint as written first: its time, and the answer to compare the fix's against;
-        # a streamed answer is measured by its first chunk (what its reader waits for)
-        lat, _ = self._block(None, 2, answers)  # (two: does it answer the same each time?)
+        # a streamed answer is measured by its first chunk (what its reader waits for). Once
+        # per lab: the fixes after the first compare with the same answer and time (every
+        # block of theirs as written is checked against it again)
+        if self.base is None:
+            lat, _ = self._block(None, 2, answers)  # (two: does it answer the same each time?)
+            self.base = (answers.reference, answers.base_varies, max(statistics.median(lat), 0.01), self._streamed)
+        else:
+            answers.reference, answers.base_varies, _, self._streamed = self.base
+            answers.seen = True
+        seq_ms = self.base[2]
         if self._streamed:
             out.measure = "first chunk"
-        seq_ms = max(statistics.median(lat), 0.01)
         n = 1 if c > 1 else max(1, min(self.MAX_BLOCK, round(self.BLOCK_S * 1000 / seq_ms)))
         per_block = requests or self._per_block(c, seq_ms)
         base_mb = _memory_mb()  # what the fix keeps across its blocks shows in every block after
@@ -180,6 +208,8 @@ class Lab:
         while pairs < self.MAX_PAIRS and (pairs < self.MIN_PAIRS or self.clock() < stop):
             if pairs >= 2 and self.clock() > self.deadline:
                 break  # past the doctor's budget: stop with what was measured (2 pairs give an interval)
+            if pairs >= SETTLED_PAIRS and settled([a - b for a, b in zip(a_meds, b_meds)], statistics.median(a_all)):
+                break  # the pairs agree: more would not change the finding
             order = (None, fix) if pairs % 2 == 0 else (fix, None)
             for arm in order:
                 if c > 1:
