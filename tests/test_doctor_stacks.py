@@ -316,6 +316,33 @@ def test_a_c_call_that_holds_the_gil_is_sampled_on_its_own_line_not_the_next():
     assert sys.getswitchinterval() == 0.005  # restored
 
 
+def test_the_sampler_takes_no_samples_while_the_fixes_are_timed():
+    # each sweep takes the GIL: while the doctor times a fix it must not slow Python code
+    import threading
+
+    from servescope.doctor.sampler import StackSampler
+
+    stop = threading.Event()
+    busy = threading.Thread(target=lambda: [sum(range(1000)) for _ in iter(stop.is_set, True)], daemon=True)
+    sampler = StackSampler()
+    busy.start()
+    try:
+        with sampler:
+            time.sleep(0.1)
+            with sampler.paused():
+                t0 = time.perf_counter_ns()
+                time.sleep(0.3)
+                t1 = time.perf_counter_ns()
+            time.sleep(0.1)
+    finally:
+        stop.set()
+    grace = 50_000_000  # (a sweep under way as the pause began may still land)
+    assert not [x for x in sampler.samples if t0 + grace < x[0] < t1]
+    after = [x for x in sampler.samples if x[0] > t1]
+    assert after and after[0][3] < 50_000_000  # sampling again, the first sweep not standing for the pause
+    assert [x for x in sampler.samples if x[0] < t0]
+
+
 def test_model_calls_on_a_thread_the_request_starts_are_credited_to_it():
     import threading as th
 

@@ -339,9 +339,10 @@ class _Run:
         machine a burst of concurrent calls can leave the process several times faster at one
         client for a while, and a saving measured then would not be the endpoint's."""
         if self.probes_at_fault is None and any(w.error is None for w in self.warm):
-            self.probes.remove()  # (the experiments time the endpoint without the probes' hooks)
+            self.probes.remove()  # (the experiments time the endpoint without the probes' hooks ...)
             try:
-                self._experiments(PER_REQUEST)
+                with self.sampler.paused():  # (... and without the sampler's sweeps)
+                    self._experiments(PER_REQUEST)
             finally:
                 self.probes.install()
 

@@ -56,6 +56,8 @@ class StackSampler:
         self.user_files: set[str] = set()
         self._user_paths: dict[str, str] = {}
         self._stop = threading.Event()
+        self._running = threading.Event()  # cleared while ``paused``
+        self._running.set()
         self._thread = threading.Thread(target=self._run, daemon=True, name="servescope-sampler")
 
     def __enter__(self) -> StackSampler:
@@ -87,11 +89,28 @@ class StackSampler:
         finally:
             sys.setswitchinterval(before)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No samples while the doctor times fixes: a sweep takes the GIL every ``interval``,
+        which slows Python-heavy work (unpickling a model) by a share the endpoint's own
+        process would not pay, and that share would count in the saving too. The time paused
+        is no sweep's: the first one after it stands for one interval."""
+        self._running.clear()
+        try:
+            yield
+        finally:
+            self._running.set()
+
     def _run(self) -> None:
         me = threading.get_ident()
         interval_ns = int(self.interval * 1e9)
         last = time.perf_counter_ns()
         while True:
+            if not self._running.is_set():
+                while not self._running.wait(0.05):
+                    if self._stop.is_set():
+                        return
+                last = time.perf_counter_ns()
             asked = time.perf_counter_ns()
             if self._stop.wait(self.interval):
                 return
