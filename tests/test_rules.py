@@ -117,6 +117,14 @@ def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
     assert f.saving_ms == pytest.approx(5.4) and f.saving_basis == "estimated" and "batch probe" in f.detail
     # a runtime batching on its worker, running only the odd lone request in its own context
     assert diagnose_evidence(healthy(concurrent__forwards=forwards(count=3))).findings == []
+    # a pipeline unpickled per request (20 ms of Python) around a 0.34 ms model call: the 221 ms
+    # at c=8 is the loads queued on the GIL, and batching the calls takes out 8 x (0.34 - 0.05) ms
+    loads = copy.deepcopy(ev)
+    loads.batch_probe.per_item_ms, loads.batch_probe.gain = {"1": 0.34, "8": 0.05}, 6.8
+    loads.p50_ms, loads.concurrent.p50_ms = 23.5, 221.0
+    [f] = diagnose_evidence(loads).findings
+    assert f.saving_ms == pytest.approx(8 * (0.34 - 0.05)) and "outside the model, queued" in f.detail
+    assert f.severity in ("low", "info")
     tiny = copy.deepcopy(ev)
     tiny.batch_probe.per_item_ms = {"1": 0.05, "8": 0.01}
     tiny.p50_ms = 0.4

@@ -63,12 +63,21 @@ def no_batching(ev: Evidence) -> list[Finding]:
         model_now = one * max(fwd.per_request, 1.0)
         outside = max((ev.p50_ms or 0.0) - model_now, 0.0)
         after = n * per_item * max(fwd.per_request, 1.0) + outside
-        estimate = round(max(conc.p50_ms - after, 0.0), 3)
+        # never more than the model's own time that batching takes out of a round of N
+        # requests: where the work outside the model queues too (a load or Python code that
+        # holds the GIL), the wait at c=N is mostly that work's, and batching leaves it
+        bound = n * (one - per_item) * max(fwd.per_request, 1.0)
+        estimate = round(max(min(conc.p50_ms - after, bound), 0.0), 3)
         basis = (
             f"the batch probe: {n} callers' items in one forward of {size} would take about {n * per_item:.3g} ms "
             f"({per_item:.3g} ms per item, against {one:.3g} ms alone), so each request would wait about {after:.3g} ms "
             f"instead of the {conc.p50_ms:.3g} ms p50 measured at c={n}"
         )
+        if conc.p50_ms - after > bound:
+            basis += (
+                f"; but batching takes only the model's time out of a round of {n} requests ({n} x ({one:.3g} - {per_item:.3g}) ms"
+                f" = {bound:.3g} ms): the rest of that wait is the requests' work outside the model, queued"
+            )
     saving = measured_or_estimated(ev, "batching", estimate_ms=estimate, estimated_from=basis, load=f"c={n}", p50_ms=conc.p50_ms)
     # a streamed answer made by many forwards each: every stream runs its own decoding loop
     decoding = fwd.per_request >= 2 and ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
