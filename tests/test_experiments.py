@@ -499,6 +499,27 @@ def test_each_experiment_runs_only_when_the_evidence_calls_for_it():
     assert quiet == dict.fromkeys(EXPERIMENTS) and ep.n == 0
 
 
+def test_loads_too_small_to_measure_on_a_noisy_endpoint_are_not_timed_in_blocks():
+    from servescope.doctor.experiments.loaders import memoise_loaders
+
+    ep = FakeEndpoint()
+    # a tokenizer loaded per request (16 ms) in requests of 857 ms that move by 650 ms (a busy machine)
+    noisy = Evidence(warm=Warm(requests=15, p50_ms=857.0, p90_ms=1510.0, loads_per_request=1, load_ms_per_request=15.9))
+    w = memoise_loaders(noisy, lab(ep), Seen())
+    assert not w.tried and "the loads take 15.9 ms of a 857 ms request" in w.why_not and ep.n == 0
+    # the same loads in a steady endpoint, or loads that are a real share of the request: tried
+    steady = Evidence(warm=Warm(requests=15, p50_ms=857.0, p90_ms=870.0, loads_per_request=1, load_ms_per_request=15.9))
+    assert memoise_loaders(steady, lab(ep), Seen()).why_not != w.why_not and ep.n > 0
+    # steady warm requests, but the blocks as written moved by hundreds of ms in the fix tried before
+    jumpy = FakeEndpoint(base_ms=857.0, jitter=[0.0, 400.0, -300.0, 250.0, -350.0, 100.0, 450.0])
+    after_threads = lab(jumpy, per_fix_s=60.0, budget_s=60.0)
+    after_threads.compare(toggle(jumpy))
+    assert after_threads.spread_ms() > 100.0
+    assert "the loads take 15.9 ms" in memoise_loaders(steady, after_threads, Seen()).why_not
+    big = Evidence(warm=Warm(requests=15, p50_ms=857.0, p90_ms=1510.0, loads_per_request=1, load_ms_per_request=300.0))
+    assert "the loads take" not in (memoise_loaders(big, lab(ep), Seen()).why_not or "")
+
+
 def test_fewer_threads_run_the_model_on_a_pool_of_that_size_and_leave_the_endpoints_threads_alone():
     torch = pytest.importorskip("torch")
     from servescope.doctor.evidence import Environment, Machine

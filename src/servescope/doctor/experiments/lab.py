@@ -156,11 +156,21 @@ class Lab:
         #: the endpoint as written, from the first fix's first block (or an earlier lab's, on the
         #: same endpoint and body): (answer, varies, ms, streamed)
         self.base = base
+        #: the medians of the unchanged endpoint's blocks, every fix's: how much it moves here
+        self.unchanged: list[float] = []
         avail = _available_mb()
         self.memory_bound_mb = memory_bound_mb if memory_bound_mb is not None else min(2048.0, 0.5 * avail) if avail else 2048.0
 
     def left(self) -> float:
         return self.deadline - self.clock()
+
+    def spread_ms(self) -> float | None:
+        """How far the unchanged endpoint's blocks at one client moved so far (p90 - p50 of
+        their medians, from 4 blocks), or None before."""
+        if len(self.unchanged) < 4:
+            return None
+        cuts = statistics.quantiles(self.unchanged, n=10, method="inclusive")
+        return cuts[8] - statistics.median(self.unchanged)
 
     # -- one fix -----------------------------------------------------------------------------
     def compare(self, fix: Fix, *, concurrency: int = 1, requests: int | None = None) -> WhatIf:
@@ -217,6 +227,8 @@ class Lab:
                 else:
                     lat, rps = self._block(arm, n, answers)
                 (b_meds if arm else a_meds).append(statistics.median(lat))
+                if arm is None and c == 1:
+                    self.unchanged.append(a_meds[-1])
                 (b_all if arm else a_all).extend(lat)
                 if rps is not None:
                     (b_rps if arm else a_rps).append(rps)
