@@ -11,7 +11,8 @@ __all__ = ["memoise_loaders"]
 
 #: Loads too small to measure by block pairs: under this share of the request ...
 SMALL_OF_REQUEST = 0.05
-#: ... and under this share of the spread between warm requests (p90 - p50)
+#: ... and under this share of how far its time moves (p90 - p50 of the warm requests, or of
+#: the blocks as written of the fixes tried before)
 SMALL_OF_SPREAD = 0.25
 
 
