@@ -44,8 +44,10 @@ def _too_small_to_measure(warm: Warm, blocks_spread: float | None) -> str | None
     nothing, at a cost of seconds; the finding keeps the loads' own time as its estimate."""
     own = (warm.load_ms_per_request or 0.0) + (warm.construct_ms_per_request or 0.0)
     p50 = warm.p50_ms
-    spread = max((warm.p90_ms or p50 or 0.0) - (p50 or 0.0), blocks_spread or 0.0)
-    if not own or not p50 or own >= SMALL_OF_REQUEST * p50 or own >= SMALL_OF_SPREAD * spread:
+    if not own or not p50:
+        return None
+    spread = max((warm.p90_ms or p50) - p50, blocks_spread or 0.0)
+    if own >= SMALL_OF_REQUEST * p50 or own >= SMALL_OF_SPREAD * spread:
         return None
     return (
         f"the loads take {own:.3g} ms of a {p50:.0f} ms request, while the endpoint's own time moves by {spread:.0f} ms "
