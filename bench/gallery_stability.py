@@ -56,13 +56,13 @@ def main() -> None:
     args = ap.parse_args()
     expected, command, judged = gallery()
     tmp = Path(tempfile.mkdtemp(prefix="servescope-gallery-"))
+    keep = args.keep or tmp
+    keep.mkdir(parents=True, exist_ok=True)
     rows = []
     with neighbour(args.neighbour):
         for target in sorted(expected):
             if args.only and target.split(":")[0].removesuffix(".py") not in args.only.split(","):
                 continue
-            keep = args.keep or tmp
-            keep.mkdir(parents=True, exist_ok=True)
             name = target.split(":")[0].removesuffix(".py")
             runs = [run(target, command, tmp, keep / f"{name}-{i + 1}.json") for i in range(args.runs)]
             rows.append((target, runs))
