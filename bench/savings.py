@@ -162,7 +162,8 @@ def doctor(case: Case, body: Path, tmp: Path) -> dict:
     f = found.get(case.cause)
     row = {"seconds": took, "found": sorted(found), "not_checked": report.get("diagnosis", {}).get("not_checked", {})}
     if f is not None:
-        row.update(saving=f.get("saving_ms"), severity=f["severity"], basis=f.get("saving_basis", "estimated"), at=f.get("saving_load", ""))
+        row.update(saving=f.get("saving_ms"), severity=f["severity"], basis=f.get("saving_basis", "estimated"), at=f.get("saving_load", ""),
+                   interval=[f.get("saving_low_ms"), f.get("saving_high_ms")])  # fmt: skip
         # the p50 the saving is a share of: the unchanged endpoint's in the experiment, or the warm p50
         base = (f["evidence"].get("p50_ms") if isinstance(f.get("evidence"), dict) else None) or report["latency"].get("p50_ms")
         what_if = report["diagnosis"]["evidence"].get("experiments", {}).get(EXPERIMENT.get(case.cause, ""))
@@ -212,7 +213,7 @@ def main() -> None:
             rows.append((case, runs, real))
             print(json.dumps({"case": case.name, "doctor": runs, "realized": real}), flush=True)
     print()
-    print(f"{'case':<22} {'cause':<22} {'load':>8} {'doctor ms':>10} {'(runs)':>15} {'basis':>9} {'realized ms':>12} {'ratio':>6} "
+    print(f"{'case':<22} {'cause':<22} {'load':>8} {'doctor ms':>10} {'(runs)':>15} {'basis':>9} {'realized ms':>12} {'(rounds)':>13} {'ratio':>6} "
           f"{'share d/r':>10} {'same':>5} {'doctor s':>9}")  # fmt: skip
     for case, runs, real in rows:
         load = "first" if case.cold else f"c={case.concurrency}" + (" TTFT" if case.streamed else "")
@@ -232,8 +233,10 @@ def main() -> None:
         share = f"{statistics.median(shares) / (real['saving'] / real['before']):.2f}" if shares and real and real["saving"] > 0 else "-"
         same = sum(1 for r in runs if r.get("found") == runs[0].get("found"))
         shown = f"{mid:.1f}" if mid is not None else "none"
+        # the twin's own spread, round to round: a saving near it cannot give a ratio to trust
+        rounds = f"{min(real['diffs']):.1f}-{max(real['diffs']):.1f}" if real and len(real["diffs"]) > 1 else ""
         print(f"{case.name:<22} {case.cause:<22} {load:>8} {shown:>10} {spread:>15} {basis:>9} "
-              f"{(real['saving'] if real else float('nan')):>12.1f} {ratio:>6} {share:>10} {f'{same}/{len(runs)}':>5} {max(r['seconds'] for r in runs):>9.1f}")  # fmt: skip
+              f"{(real['saving'] if real else float('nan')):>12.1f} {rounds:>13} {ratio:>6} {share:>10} {f'{same}/{len(runs)}':>5} {max(r['seconds'] for r in runs):>9.1f}")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -44,6 +44,26 @@ def test_a_setting_read_at_import_is_measured_in_two_fresh_processes(tmp_path, m
     assert w.answers == "same" and "set in a fresh process" in w.fix
 
 
+def test_the_two_processes_first_requests_run_at_once(tmp_path, monkeypatch):
+    # a first request that costs a second (imports, caches) is paid once in the run, not twice
+    monkeypatch.setenv("FRESH_TEST_ARM", "A")
+    monkeypatch.setenv("FRESH_TEST_LOG", str(tmp_path))
+    spec = endpoint(tmp_path, """
+        import os, pathlib, time
+        FIRST = [True]
+        def predict(payload):
+            if FIRST[0]:
+                FIRST[0], t0 = False, time.time()
+                time.sleep(1.0)
+                pathlib.Path(os.environ["FRESH_TEST_LOG"], os.environ["FRESH_TEST_ARM"]).write_text(f"{t0} {time.time()}")
+            return {"ok": True}
+    """)
+    w = compare(tmp_path, spec, {"FRESH_TEST_ARM": "B"}, 1.0)
+    assert w.tried, w.why_not
+    (a0, a1), (b0, b1) = (map(float, (tmp_path / arm).read_text().split()) for arm in "AB")
+    assert a0 < b1 and b0 < a1  # the two first requests overlapped
+
+
 def test_a_fresh_process_that_fails_or_answers_otherwise_is_not_tried_with_why(tmp_path):
     spec = endpoint(tmp_path, """
         import os

@@ -54,6 +54,13 @@ def under_load(url: str, seconds: float) -> threading.Thread:
     return t
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time ``pid`` has used (user + system), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def in_process(app: str, payload=None):
     """The in-process doctor on the same app (no experiments: the causes, not their sizes)."""
     sys.path.insert(0, str(ENDPOINTS))
@@ -186,7 +193,10 @@ def test_servers_that_are_not_one_processs_children_are_sampled_together(tmp_pat
     try:
         load = [under_load(url_one, 10.0), under_load(url_two, 10.0)]
         out = tmp_path / "rep.json"
+        before, t0 = [cpu_seconds(p.pid) for p in (one, two)], time.monotonic()
         code = main(["doctor", "--pid", f"{one.pid},{two.pid}", "--duration", "5s", "--json", str(out)])
+        wall = time.monotonic() - t0
+        each = [(cpu_seconds(p.pid) - b) / wall for p, b in zip((one, two), before)]  # cores, each alone
         for t in load:
             t.join(30)
     finally:
@@ -195,7 +205,9 @@ def test_servers_that_are_not_one_processs_children_are_sampled_together(tmp_pat
     rep = json.loads(out.read_text())
     assert code == 0 and rep["meta"]["live"]["pids"] == [one.pid, two.pid]
     assert "event-loop-blocked" in {f["id"] for f in rep["findings"]}
-    assert rep["meta"]["live"]["cpu"]["cores_busy"] >= 1.0  # both processes' CPU, summed
+    # both processes' CPU, summed: read here from /proc over about the same window (a busy
+    # machine gives them less of it, so the bar is theirs, not a number of cores)
+    assert rep["meta"]["live"]["cpu"]["cores_busy"] >= 0.75 * sum(each) > 0, each
 
 
 def test_the_pids_are_read_as_a_list_and_a_bad_one_is_one_line(capsys):

@@ -35,7 +35,8 @@ __all__ = ["PASSIVE", "compare_environments", "fresh_blocks_s", "passive_called_
 #: OpenMP's idle threads asleep instead of spinning (read when the OpenMP runtime loads)
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 
-#: Requests each process answers before the blocks (a first request's imports, caches).
+#: Requests each process answers before the blocks (a first request's imports, caches): the first
+#: in both processes at once, the others one process at a time.
 WARM = 2
 #: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them).
 BLOCK_S, MAX_BLOCK = 0.5, 100
@@ -123,12 +124,16 @@ class _Child:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def block(self, n: int, timeout_s: float) -> dict[str, Any]:
+    def ask(self, n: int) -> bool:
+        """Asks for ``n`` requests' times (read them with ``read``); False if the process ended."""
         try:
             os.write(self.cmd, f"{n}\n".encode())
         except OSError:
-            return {"error": "the process ended"}
-        return self.read(timeout_s * (n + 1))
+            return False
+        return True
+
+    def block(self, n: int, timeout_s: float) -> dict[str, Any]:
+        return self.read(timeout_s * (n + 1)) if self.ask(n) else {"error": "the process ended"}
 
     def end(self) -> None:
         for fd in (self.cmd, self.reply):
@@ -177,11 +182,16 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
             out.why_not = f"the fresh process {'as written' if arm == 'A' else 'with the fix'} did not start: {said['error']}"
             return out
     tick()
-    warm = {arm: child.block(WARM, timeout_s) for arm, child in children.items()}
+    # the first requests (imports, caches) in both at once, the rest one process at a time:
+    # their times size the blocks
+    first = {arm: child.ask(1) for arm, child in children.items()}
+    warm = {arm: child.read(2 * timeout_s) if sent else {"error": "the process ended"} for (arm, child), sent in zip(children.items(), first.values())}
+    if not any("error" in w for w in warm.values()):
+        warm = {arm: child.block(WARM - 1, timeout_s) for arm, child in children.items()}
     if failed := next((f"{arm}: {w['error']}" for arm, w in warm.items() if "error" in w), None):
         out.why_not = f"a fresh process's requests failed ({failed})"
         return out
-    typical = max(min(w["ms"]) for w in warm.values())  # (a first request's own costs aside)
+    typical = max(min(w["ms"]) for w in warm.values())
     n = max(1, min(MAX_BLOCK, round(BLOCK_S * 1000 / max(typical, 1e-3))))
     answers: dict[str, set[str]] = {"A": set(), "B": set()}
     times: dict[str, list[float]] = {"A": [], "B": []}
