@@ -234,18 +234,52 @@ def test_an_endpoint_whose_answers_vary_is_compared_by_structure_under_concurren
 
 
 def test_blocks_at_concurrency_shrink_to_fit_the_time_left():
-    # four requests a caller where three pairs of such blocks fit in what is left; two a caller
-    # (never fewer) for an endpoint so slow that they would not: a busy machine's doctor run
-    # spent 35 s on one such experiment with a budget of 15
+    # four requests a caller where three pairs of such blocks fit in what is left; fewer, down
+    # to one a caller (never fewer), for an endpoint so slow that they would not: a busy
+    # machine's doctor run spent 35 s on one such experiment with a budget of 15
     sizes = {}
-    for ms in (20.0, 100.0, 800.0):
+    for ms in (20.0, 100.0, 200.0, 800.0):
         ep = FakeEndpoint(base_ms=ms)
         ep.saving_ms = 1.0
         asked, answer = [], ep.concurrent
         ep.concurrent = lambda body, c, n, t, m, answer=answer, asked=asked: (asked.append(n), answer(body, c, n, t, m))[1]
         assert lab(ep, budget_s=15.0, clock=lambda: 0.0).compare(toggle(ep), concurrency=8).tried
         sizes[ms] = set(asked)
-    assert sizes == {20.0: {32}, 100.0: {21}, 800.0: {16}}
+    assert sizes == {20.0: {32}, 100.0: {21}, 200.0: {10}, 800.0: {8}}
+    # a streamed answer's first chunk in 20 ms, the whole answer served at 3 req/s at c=8 (the
+    # concurrent phase's throughput): the blocks are sized by what a request really takes
+    ep, asked = FakeEndpoint(base_ms=20.0), []
+    answer = ep.concurrent
+    ep.concurrent = lambda body, c, n, t, m: (asked.append(n), answer(body, c, n, t, m))[1]
+    lab(ep, budget_s=15.0, clock=lambda: 0.0, concurrent_rps=3.0).compare(toggle(ep), concurrency=8)
+    assert set(asked) == {8}
+
+
+def test_a_fix_at_concurrency_that_two_pairs_of_blocks_would_overrun_is_not_tried_with_why():
+    # beside a neighbour, 1.4-s requests served at 2.7 req/s at c=8: a block of 8 takes ~3 s,
+    # two pairs ~12 s; with 5 s left the doctor says so instead of running past its time
+    ep = FakeEndpoint(base_ms=1400.0)
+    ep.saving_ms = 100.0
+    w = lab(ep, budget_s=5.0, clock=lambda: 0.0, concurrent_rps=2.7).compare(toggle(ep), concurrency=8)
+    assert not w.tried and "less than two pairs of its blocks take here" in w.why_not and "2.7 req/s" in w.why_not
+    assert ep.n == 2  # the endpoint as written, once: no block ran
+    assert lab(ep, budget_s=30.0, clock=lambda: 0.0, concurrent_rps=2.7).compare(toggle(ep), concurrency=8).tried
+
+
+def test_a_fix_one_pair_short_of_a_90_percent_interval_gets_it_when_the_time_allows():
+    now = [0.0]
+
+    class Slow(FakeEndpoint):
+        def request(self, body, timeout_s):
+            now[0] += 1.0  # each request takes a second of the lab's clock
+            return super().request(body, timeout_s)
+
+    ep = Slow(base_ms=1000.0, jitter=[0.0, 30.0, -20.0])
+    ep.saving_ms = 300.0
+    # its own time (8 s) ends after 4 pairs of one-request blocks (88%, under the rules' 90%
+    # bar); the doctor's time has room for a fifth
+    w = lab(ep, budget_s=60.0, per_fix_s=8.0, clock=lambda: now[0]).compare(toggle(ep))
+    assert w.tried and w.pairs == 5 and w.coverage >= 0.9 and w.low_ms > 0
 
 
 def test_on_a_busy_machine_the_thread_experiments_run_first(monkeypatch):
@@ -516,6 +550,14 @@ def test_loads_too_small_to_measure_on_a_noisy_endpoint_are_not_timed_in_blocks(
     after_threads.compare(toggle(jumpy))
     assert after_threads.spread_ms() > 100.0
     assert "the loads take 15.9 ms" in memoise_loaders(steady, after_threads, Seen()).why_not
+    # a 24-ms tokenizer load in 889-ms requests whose p90 is 84 ms above their p50 (seen beside a
+    # neighbour): 8 s a fix allows 4-5 pairs of one-request blocks, which tell ~80 ms from none
+    hf_search = Evidence(warm=Warm(requests=15, p50_ms=889.0, p90_ms=973.0, loads_per_request=1, load_ms_per_request=24.3))
+    w = memoise_loaders(hf_search, lab(ep, per_fix_s=8.0), Seen())
+    assert not w.tried and "could tell about 7" in w.why_not and "too small to measure" in w.why_not
+    # the same share of a fast request (blocks of several requests, many pairs): measured
+    fast = Evidence(warm=Warm(requests=60, p50_ms=30.0, p90_ms=32.8, loads_per_request=1, load_ms_per_request=0.82))
+    assert "too small" not in (memoise_loaders(fast, lab(ep, per_fix_s=8.0), Seen()).why_not or "")
     big = Evidence(warm=Warm(requests=15, p50_ms=857.0, p90_ms=1510.0, loads_per_request=1, load_ms_per_request=300.0))
     assert "the loads take" not in (memoise_loaders(big, lab(ep), Seen()).why_not or "")
 

@@ -157,3 +157,15 @@ def test_the_policy_is_tried_only_where_called_for_and_a_failing_try_is_reported
     w = try_wait_policy(spinning(), try_environment, options)
     assert asked == [({"OMP_WAIT_POLICY": "PASSIVE"}, 6.0)]  # (half the experiments' time, 6 s at most)
     assert not w.tried and "the experiment failed: OSError: no more processes" in w.why_not
+
+
+def test_a_try_is_expected_to_take_both_starts_the_warm_requests_and_the_least_pairs():
+    from servescope.doctor.fresh import FreshTrials
+
+    # measured beside a neighbour (hf_search_fastapi): the doctor's own import of the target
+    # took 3.9 s, its p50 was 923 ms, and the try in fresh processes took 21.7 s
+    trials = FreshTrials("app.py:app", None, OPTIONS, import_s=3.9)
+    assert 0.8 * 21.7 <= trials.expected_s(923.0) <= 1.2 * 21.7
+    # a fast endpoint: the starts and the blocks' own time; an unknown import is taken as 5 s
+    assert trials.expected_s(5.0) == pytest.approx(2 * 3.9 + 6.0, abs=0.1)
+    assert FreshTrials("app.py:app", None, OPTIONS).expected_s(5.0) == pytest.approx(2 * 5.0 + 6.0, abs=0.1)

@@ -46,15 +46,17 @@ def main(argv: list[str]) -> None:
         options = DoctorOptions(**{**job["options"], "batch_probe": tuple(job["options"]["batch_probe"])})
         say(phase="start-up (importing the target)")
         try:
+            t0 = time.perf_counter()
             obj = load_target(job["spec"])
+            import_s = time.perf_counter() - t0
             payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
             from .cold import repeat_first_request
-            from .fresh import compare_environments
+            from .fresh import FreshTrials
 
             report = diagnose(
                 obj, payload=payload, options=options, progress=lambda p, f: say(phase=p, frac=f), target_name=job["spec"],
                 repeat_cold=lambda: repeat_first_request(job["spec"], job["payload"], options),
-                try_environment=lambda change, words, budget: compare_environments(job["spec"], job["payload"], options, change, words=words, budget_s=budget),
+                try_environment=FreshTrials(job["spec"], job["payload"], options, import_s),
             )  # fmt: skip
         except ConfigError as exc:
             say(config_error=str(exc))

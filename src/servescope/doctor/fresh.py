@@ -30,7 +30,7 @@ from typing import Any, Callable
 from ..environment import CpuReading
 from .evidence import TORCH_KINDS, Evidence, WhatIf
 
-__all__ = ["PASSIVE", "compare_environments", "fresh_blocks_s", "passive_called_for", "start_endpoint", "try_wait_policy"]
+__all__ = ["PASSIVE", "FreshTrials", "compare_environments", "fresh_blocks_s", "passive_called_for", "start_endpoint", "try_wait_policy"]
 
 #: OpenMP's idle threads asleep instead of spinning (read when the OpenMP runtime loads)
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -91,6 +91,30 @@ def try_wait_policy(ev: Evidence, try_environment: Callable[[dict[str, str], str
         return try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", fresh_blocks_s(options))
     except Exception as exc:  # noqa: BLE001 - reported, never our crash
         return WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", why_not=f"the experiment failed: {type(exc).__name__}: {exc}"[:300])
+
+
+#: Two processes starting at once take about this many times the doctor's own import of the
+#: target (on a busy machine they share the CPU its import had)
+STARTS_AT_ONCE = 2.0
+
+
+class FreshTrials:
+    """``try_environment`` for the doctor's run: ``compare_environments`` on its endpoint, and
+    about how long a try takes (``expected_s``), so the phases before it leave it that time.
+    ``import_s``: how long the doctor's own import of the target took (None: unknown)."""
+
+    def __init__(self, spec: str, payload_path: str | None, options: Any, import_s: float | None = None) -> None:
+        self.spec, self.payload_path, self.options, self.import_s = spec, payload_path, options, import_s
+
+    def __call__(self, change: dict[str, str], words: str, budget_s: float) -> WhatIf:
+        return compare_environments(self.spec, self.payload_path, self.options, change, words=words, budget_s=budget_s)
+
+    def expected_s(self, p50_ms: float) -> float:
+        """Seconds a try takes for requests of ``p50_ms``: both processes' start, their warm
+        requests (a first one costs more), and the least pairs of blocks or the blocks' time."""
+        start = STARTS_AT_ONCE * (self.import_s if self.import_s is not None else 5.0)
+        block_s = max(p50_ms / 1000, BLOCK_S)
+        return start + 1.5 * WARM * p50_ms / 1000 + max(fresh_blocks_s(self.options), 2 * MIN_PAIRS * block_s)
 
 
 def job_of(spec: str, payload_path: str | None, options: Any) -> dict[str, Any]:
