@@ -16,7 +16,6 @@ them, rather than blame the endpoint.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import threading
@@ -46,12 +45,13 @@ from .evidence import (
 from .batchprobe import batch_probe
 from .probes import Probes
 from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
-from .failures import ExceptionLog, known_failure
+from .failures import ExceptionLog
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
-from .options import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
-from .send import Send, allowed_methods
+from .options import MIN_OK_REQUESTS, DoctorOptions
+from .send import Send
+from .verdict import verdict_of
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
 
@@ -68,10 +68,6 @@ LATE_SHARE = 0.5
 #: ``experiment_seconds`` + this (the batch probe, the fresh processes): the experiments at
 #: concurrency get what is left of it once the fresh processes' expected time is kept for them
 RUN_EXTRA_S = 22.0
-
-
-def _kind(error: str) -> str:
-    return error.split(":", 1)[0]
 
 
 class _Run:
@@ -397,50 +393,8 @@ class _Run:
 
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:
-        every = [o for o in [self.cold, *self.warm, *self.conc] if o is not None and o.error]
-        failures: dict[str, int] = {}
-        for o in every:
-            failures[_kind(o.error)] = failures.get(_kind(o.error), 0) + 1  # type: ignore[arg-type]
-        v = Verdict(failures=failures)
-        if self.start_error:
-            v.diagnosed, v.reason = False, self.start_error
-            return v
-        ok = [w for w in self.warm if w.error is None]
-        if len(ok) >= max(MIN_OK_REQUESTS, math.ceil(MIN_OK_SHARE * len(self.warm))):
-            return v
-        v.diagnosed = False
-        if not self.warm:
-            v.reason = "no warm request ran: " + (f"the first request failed ({self.cold.error})" if self.cold and self.cold.error else "the time ran out")
-        else:
-            errors = [w.error for w in self.warm if w.error]
-            if errors:
-                v.reason = f"{len(errors)} of {len(self.warm)} warm requests failed; the first: {errors[0]}"
-                raised = self.exceptions.summaries()
-                if raised:  # the server's log says why: the reason a user needs first
-                    v.reason += f"; the endpoint raised: {'; '.join(raised[:2])}"
-                    known = next((k for k in map(known_failure, raised) if k), None)
-                    if known is not None:  # its cause, in a line (the fix's first comment)
-                        v.reason += f". Known cause: {known.splitlines()[0].lstrip('# ')} ..."
-            else:
-                v.reason = f"only {len(ok)} warm requests ran; at least {MIN_OK_REQUESTS} are needed"
-        statuses = {o.status for o in [self.cold, *self.warm] if o is not None and o.error}
-        if statuses & {404, 405}:
-            routes = self.endpoint.routes()
-            v.routes = [f"{' '.join(m) or 'ANY'} {p}" for p, m in routes]
-            method = getattr(self.endpoint, "method", "POST")
-            allowed = allowed_methods(routes, self.options.path)
-            others = [p for p, m in routes if method in m and p != self.options.path]
-            if allowed is not None and method in allowed:
-                v.hint = f"{method} {self.options.path} exists: the endpoint itself answered {min(statuses & {404, 405})} (see its answer above)"
-            elif allowed:
-                v.hint = f"{self.options.path} takes {', '.join(allowed)}, not {method}: try --method {allowed[0]}"
-            elif others:
-                v.hint = f"the app has no {method} route at {self.options.path}: try --path {others[0]}"
-            else:
-                v.hint = f"the app has no {method} route at {self.options.path}; its routes are listed below"
-        elif 422 in statuses or 400 in statuses:
-            v.hint = "the app rejected the payload: make --body a request the endpoint accepts"
-        return v
+        return verdict_of(self.cold, self.warm, self.conc, start_error=self.start_error, raised=self.exceptions.summaries,
+                          endpoint=self.endpoint, path=self.options.path)  # fmt: skip
 
     def _evidence(self) -> Evidence:
         """What the run measured, typed: for the experiments, then the rules."""

@@ -14,7 +14,7 @@ from ..exceptions import ConfigError
 from ..report import Report
 from ..sections import Diagnosis, Load, Verdict
 from .evidence import Cold, Concurrent, Evidence, Warm
-from .run import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
+from .options import MIN_OK_REQUESTS, MIN_OK_SHARE, DoctorOptions
 from .send import BODY_METHODS, Send
 
 __all__ = ["diagnose_url"]
