@@ -282,6 +282,22 @@ def test_a_fix_one_pair_short_of_a_90_percent_interval_gets_it_when_the_time_all
     assert w.tried and w.pairs == 5 and w.coverage >= 0.9 and w.low_ms > 0
 
 
+def test_a_fix_starts_no_pair_past_its_second_that_would_end_after_the_doctors_time():
+    now = [0.0]
+
+    class Slow(FakeEndpoint):
+        def request(self, body, timeout_s):
+            now[0] += 2.0  # each request takes two seconds of the lab's clock
+            return super().request(body, timeout_s)
+
+    ep = Slow(base_ms=2000.0, jitter=[0.0, 30.0, -20.0])
+    ep.saving_ms = 500.0
+    # 16 s: the endpoint as written (2 requests) and the priming request take 6, a pair 4; a
+    # third pair would end at 18 s, past the time, so the fix stops at two (an interval)
+    w = lab(ep, budget_s=16.0, per_fix_s=60.0, clock=lambda: now[0]).compare(toggle(ep))
+    assert w.tried and w.pairs == 2 and now[0] <= 16.0
+
+
 def test_on_a_busy_machine_the_thread_experiments_run_first(monkeypatch):
     from servescope.doctor.experiments import EXPERIMENTS, run_experiments
 

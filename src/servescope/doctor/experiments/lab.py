@@ -246,8 +246,8 @@ class Lab:
         a_meds, b_meds, a_all, b_all, a_rps, b_rps = [], [], [], [], [], []
         pairs, pair_s = 0, 0.0
         while pairs < self.MAX_PAIRS and (pairs < self.MIN_PAIRS or self.clock() < stop or self._one_short(pairs, pair_s)):
-            if pairs >= MIN_INTERVAL_PAIRS and self.clock() > self.deadline:
-                break  # past the doctor's budget: stop with what was measured (2 pairs give an interval)
+            if pairs >= MIN_INTERVAL_PAIRS and self.clock() + pair_s > self.deadline:
+                break  # another pair would end past the doctor's budget: stop with what was measured (2 pairs give an interval)
             if pairs >= SETTLED_PAIRS and settled([a - b for a, b in zip(a_meds, b_meds)], statistics.median(a_all)):
                 break  # the pairs agree: more would not change the finding
             order, pair_t0 = ((None, fix) if pairs % 2 == 0 else (fix, None)), self.clock()
