@@ -355,23 +355,6 @@ def test_a_saving_measured_by_trying_the_fix_replaces_the_estimate():
     assert f.evidence["load_ms_per_request"] == 15.0  # the probes' own figure stays in the evidence
 
 
-def test_the_loads_own_time_is_the_saving_where_the_blocks_interval_holds_it():
-    # a checkpoint of 19 MB loaded per request, 6.1 ms timed on every request; a twin that loads
-    # once saved 5-7 ms; two doctor runs' blocks differed by 15.4 ms (4.7 to 18.6) and 0.8 (-4.6 to 6.9)
-    for saving, low, high in ((15.4, 4.7, 18.6), (0.8, -4.6, 6.9)):
-        ev = healthy(warm__loads_per_request=2, warm__load_ms_per_request=6.1, p50_ms=65.0)
-        ev.experiments["memoise-loaders"] = WhatIf(fix="f", tried=True, pairs=8, base_p50_ms=64.0, fixed_p50_ms=58.0,
-                                                   saving_ms=saving, low_ms=low, high_ms=high, answers="same")  # fmt: skip
-        [f] = diagnose_evidence(ev).findings
-        assert (f.saving_ms, f.saving_basis, f.saving_low_ms, f.saving_high_ms) == (6.1, "measured", low, high)
-        assert f"take 6.1 ms of every request (timed on each), inside that interval" in f.detail and f"({saving:g} ms)" in f.detail
-    # an interval that excludes it (a fresh model's slower first forward, too): the blocks' difference stands
-    w = ev.experiments["memoise-loaders"]
-    w.saving_ms, w.low_ms, w.high_ms = 15.4, 9.0, 18.6
-    [f] = diagnose_evidence(ev).findings
-    assert f.saving_ms == 15.4 and "timed on each" not in f.detail
-
-
 def test_a_busy_machine_whose_speed_moved_between_the_phases_is_said_not_glossed():
     """On a shared machine a torch endpoint's speed swings 10x: the blocks alternated, so the
     saving holds at their speed, but not for a request as slow as the endpoint was on its own.

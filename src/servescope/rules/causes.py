@@ -94,7 +94,6 @@ def model_load_per_request(ev: Evidence) -> list[Finding]:
         saving = measured_or_estimated(
             ev, "memoise-loaders", estimate_ms=timed,
             estimated_from="the load calls' and the construction's own time (a fresh model's slower first forward is not in it)",
-            direct_ms=timed,
         )  # fmt: skip
         sev, saving_ms, fields, detail = saving.severity(), saving.ms, saving.fields(), saving.detail
     return [

@@ -73,40 +73,19 @@ def measured_or_estimated(
     estimated_from: str,
     load: str = "c=1",
     p50_ms: float | None = None,
-    direct_ms: float | None = None,
 ) -> Saving:
     """The experiment's measured saving when it ran to the end; else the estimate, saying
-    from what it was made and why the fix was not tried. ``direct_ms``: the time of the calls
-    the fix removes, timed on every request; where the experiment's interval holds it, it is
-    the saving (see ``_direct``)."""
+    from what it was made and why the fix was not tried."""
     w = ev.tried(experiment)
     base = p50_ms if p50_ms is not None else ev.p50_ms
     if w is not None:
-        return _direct(_measured(w, experiment, endpoint_p50_ms=base), w, direct_ms)
+        return _measured(w, experiment, endpoint_p50_ms=base)
     why = ""
     failed = ev.experiments.get(experiment)
     if failed is not None and failed.why_not:
         why = f" The fix was not tried on the endpoint: {failed.why_not}."
     text = f"Estimated from {estimated_from}, at {load}.{why}" if estimate_ms else why.strip()
     return Saving(ms=estimate_ms, basis="estimated", load=load, detail=text, p50_ms=base or 0.0)
-
-
-def _direct(saving: Saving, w: WhatIf, direct_ms: float | None) -> Saving:
-    """The blocks' difference tests whether the calls' own time is what the fix saves: where
-    its interval holds that time, the time (timed on every request, a steadier figure) is the
-    saving. The difference of blocks also carries the process's state: the memory its
-    allocator hands out differs with and without a load of 19 MB per request, and in one
-    doctor run the blocks differed by 15 ms, in the next by 1, where the loads took 6 ms and a
-    twin that loads once saved 5-7 (docs/benchmarks.md, session 15). Outside the interval the
-    fix did more or less than remove the calls, and the difference stands."""
-    if direct_ms is None or saving.low_ms is None or saving.high_ms is None or not saving.low_ms <= direct_ms <= saving.high_ms:
-        return saving
-    saving.detail += (
-        f" The calls the fix removes take {_ms(direct_ms)} ms of every request (timed on each), inside that interval: that is "
-        f"the saving, a steadier figure than the blocks' difference ({_ms(w.saving_ms or 0.0)} ms)."
-    )
-    saving.ms = round(direct_ms, 3)
-    return saving
 
 
 def _speed_moved(w: WhatIf, endpoint_p50_ms: float | None) -> str:
