@@ -172,6 +172,7 @@ def doctor(case: Case, body: Path, tmp: Path) -> dict:
         if case.cold:
             base = report["latency"].get("first_ms")
         row["base"] = base
+        row["own_ms"] = f["evidence"].get("load_ms_per_request") if isinstance(f.get("evidence"), dict) else None
     return row
 
 
