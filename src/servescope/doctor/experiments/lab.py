@@ -16,8 +16,8 @@ noise), or when it holds more memory than ``memory_bound_mb``.
 
 from __future__ import annotations
 
-import os
 import math
+import os
 import statistics
 import sys
 import time
