@@ -266,36 +266,32 @@ def test_a_fix_at_concurrency_that_two_pairs_of_blocks_would_overrun_is_not_trie
     assert lab(ep, budget_s=30.0, clock=lambda: 0.0, concurrent_rps=2.7).compare(toggle(ep), concurrency=8).tried
 
 
+class Clocked(FakeEndpoint):
+    """A fake endpoint whose every request moves the lab's clock (``now``) by its own time."""
+
+    def __init__(self, base_ms: float, saving_ms: float) -> None:
+        super().__init__(base_ms=base_ms, jitter=[0.0, 30.0, -20.0])
+        self.saving_ms, self.now = saving_ms, 0.0
+
+    def request(self, body, timeout_s):
+        self.now += self.base_ms / 1000
+        return super().request(body, timeout_s)
+
+
 def test_a_fix_one_pair_short_of_a_90_percent_interval_gets_it_when_the_time_allows():
-    now = [0.0]
-
-    class Slow(FakeEndpoint):
-        def request(self, body, timeout_s):
-            now[0] += 1.0  # each request takes a second of the lab's clock
-            return super().request(body, timeout_s)
-
-    ep = Slow(base_ms=1000.0, jitter=[0.0, 30.0, -20.0])
-    ep.saving_ms = 300.0
+    ep = Clocked(base_ms=1000.0, saving_ms=300.0)
     # its own time (8 s) ends after 4 pairs of one-request blocks (88%, under the rules' 90%
     # bar); the doctor's time has room for a fifth
-    w = lab(ep, budget_s=60.0, per_fix_s=8.0, clock=lambda: now[0]).compare(toggle(ep))
+    w = lab(ep, budget_s=60.0, per_fix_s=8.0, clock=lambda: ep.now).compare(toggle(ep))
     assert w.tried and w.pairs == 5 and w.coverage >= 0.9 and w.low_ms > 0
 
 
 def test_a_fix_starts_no_pair_past_its_second_that_would_end_after_the_doctors_time():
-    now = [0.0]
-
-    class Slow(FakeEndpoint):
-        def request(self, body, timeout_s):
-            now[0] += 2.0  # each request takes two seconds of the lab's clock
-            return super().request(body, timeout_s)
-
-    ep = Slow(base_ms=2000.0, jitter=[0.0, 30.0, -20.0])
-    ep.saving_ms = 500.0
+    ep = Clocked(base_ms=2000.0, saving_ms=500.0)
     # 16 s: the endpoint as written (2 requests) and the priming request take 6, a pair 4; a
     # third pair would end at 18 s, past the time, so the fix stops at two (an interval)
-    w = lab(ep, budget_s=16.0, per_fix_s=60.0, clock=lambda: now[0]).compare(toggle(ep))
-    assert w.tried and w.pairs == 2 and now[0] <= 16.0
+    w = lab(ep, budget_s=16.0, per_fix_s=60.0, clock=lambda: ep.now).compare(toggle(ep))
+    assert w.tried and w.pairs == 2 and ep.now <= 16.0
 
 
 def test_on_a_busy_machine_the_thread_experiments_run_first(monkeypatch):
