@@ -294,6 +294,30 @@ def test_a_fix_starts_no_pair_past_its_second_that_would_end_after_the_doctors_t
     assert w.tried and w.pairs == 2 and ep.now <= 16.0
 
 
+def test_a_fix_that_lets_go_after_each_block_is_primed_again_before_the_next():
+    # the blocks as written must not run beside what the fix keeps (a 19-MB checkpoint alive
+    # made the loads as written cost about twice what they cost a process that loads each time)
+    ep, log = FakeEndpoint(base_ms=20.0), []
+    ep.saving_ms = 5.0
+    original = ep.request
+    ep.request = lambda body, t: (log.append("fixed" if ep.fixed else "as written"), original(body, t))[1]
+
+    def release():
+        log.append("release")
+
+    fix = Fix("demo", "the demo fix", toggle(ep).apply, release=release, release_each_block=True)
+    w = lab(ep).compare(fix)
+    assert w.tried and w.saving_ms == pytest.approx(5.0)
+    blocks = "".join({"as written": "a", "fixed": "f", "release": "|"}[e] for e in log)
+    # the reference (2 as written), the first priming request, then the pairs' blocks: each
+    # block with the fix ends in a release, and each after the first begins with an uncounted request
+    assert blocks.startswith("aaf") and blocks.count("|") == w.pairs + 1  # (+1: the lab's own release at the end)
+    n = Lab._requests_per_block(lab(ep), 20.0)
+    first, *later = [part for part in blocks[3:].split("|") if part]
+    assert first == "a" * n + "f" * n and later, blocks
+    assert all(part.lstrip("a") == "f" * (n + 1) for part in later), blocks  # primed, then its block
+
+
 def test_on_a_busy_machine_the_thread_experiments_run_first(monkeypatch):
     from servescope.doctor.experiments import EXPERIMENTS, run_experiments
 

@@ -97,6 +97,11 @@ class Fix:
     hits: Callable[[], int] | None = None
     release: Callable[[], None] | None = None
     no_effect: str = ""  # why it may never take effect (said only when it did not)
+    #: at one client, ``release()`` after each of its blocks and one uncounted request before
+    #: the next: the blocks as written then run without what the fix keeps (a 19-MB checkpoint
+    #: kept alive by the fix made the loads as written cost about twice what they cost a process
+    #: that loads on every request: docs/benchmarks.md, session 15)
+    release_each_block: bool = False
 
 
 def _rss_mb() -> float | None:
@@ -241,6 +246,7 @@ class Lab:
                 )
         base_mb = _memory_mb()  # what the fix keeps across its blocks shows in every block after
         self._block(fix, 1, answers)  # primes the fix (fills its memos): not counted
+        primed = True
         # (a third of what is left at most: the fixes after this one get their pairs too)
         stop = self.clock() + min(self.per_fix_s, self.left() / 3)
         a_meds, b_meds, a_all, b_all, a_rps, b_rps = [], [], [], [], [], []
@@ -255,6 +261,8 @@ class Lab:
                 if c > 1:
                     lat, rps = self._concurrent(arm, c, per_block)
                 else:
+                    if arm is not None and not primed:
+                        self._block(arm, 1, answers)
                     lat, rps = self._block(arm, n, answers)
                 (b_meds if arm else a_meds).append(statistics.median(lat))
                 if arm is None and c == 1:
@@ -270,6 +278,9 @@ class Lab:
                             f"with the fix the process held {now - base_mb:.0f} MB more than before it, over the "
                             f"{self.memory_bound_mb:.0f} MB the doctor allows an experiment (a second copy of a large model)"
                         )
+                if arm is not None and c == 1 and fix.release_each_block and fix.release is not None:
+                    fix.release()  # (after the memory it kept was weighed above)
+                    primed = False
                 self.tick(f"trying a fix: {fix.words}")
             pairs, pair_s = pairs + 1, self.clock() - pair_t0
         diffs = [a - b for a, b in zip(a_meds, b_meds)]

@@ -30,6 +30,7 @@ def memoise_loaders(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
             hits=memo.hits,
             release=memo.release,
             no_effect="no loader or constructor was called again with the same arguments",
+            release_each_block=True,
         )
     )
 
