@@ -66,6 +66,10 @@ MAY_ALSO = {
     # its first request takes 21-35 ms more than a warm one quiet (the bar is 50) and 25-85 ms
     # more beside a busy neighbour (uvicorn started six times each, by hand: session 14)
     "upload_put_fastapi.py:app": {"no-batching", "cold-start"},
+    # the pixel list is Python work that holds the GIL (8 callers: 1.06x one's throughput), true,
+    # but its requests take 4-6 ms against the 5-ms floor under which the GIL is not judged
+    # (rules/causes.py GIL_MIN_REQUEST_MS): named in 2 of 2 runs at 5.3-6.1 ms (session 15)
+    "image_getdata_fastapi.py:app": {"gil-contention"},
 }
 
 #: the payload and route of the examples that do not take x256.json at /predict
@@ -120,9 +124,11 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
     assert p.returncode == 0, p.stderr
     report = json.loads(out.read_text())
     found = judged(target, report)
-    if target in MAY_ALSO:
-        ranked = [f["id"] for f in report["findings"] if f["id"] in EXPECTED[target] | MAY_ALSO[target]]
-        assert ranked[0] in EXPECTED[target], ranked  # the main cause before the ones near the bar
+    if target in MAY_ALSO:  # the main cause is not outranked by the ones near the bar (a tie may go either way)
+        rank = {"critical": 4, "high": 3, "medium": 2, "low": 1, "info": 0}
+        main = max((rank[f["severity"]] for f in report["findings"] if f["id"] in EXPECTED[target]), default=-1)
+        near = [(f["id"], f["severity"]) for f in report["findings"] if f["id"] in MAY_ALSO[target] - EXPECTED[target]]
+        assert all(rank[sev] <= main for _, sev in near), (main, near)
     assert found == EXPECTED[target], [(f["id"], f["severity"], f["evidence"]) for f in report["findings"]]
     for f in report["findings"]:
         assert f["fix"] and f["evidence"] and f["title"]
