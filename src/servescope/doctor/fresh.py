@@ -208,8 +208,8 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
     tick()
     # the first requests (imports, caches) in both at once, the rest one process at a time:
     # their times size the blocks
-    first = {arm: child.ask(1) for arm, child in children.items()}
-    warm = {arm: child.read(2 * timeout_s) if sent else {"error": "the process ended"} for (arm, child), sent in zip(children.items(), first.values())}
+    sent = {arm: child.ask(1) for arm, child in children.items()}
+    warm = {arm: children[arm].read(2 * timeout_s) if ok else {"error": "the process ended"} for arm, ok in sent.items()}
     if not any("error" in w for w in warm.values()):
         warm = {arm: child.block(WARM - 1, timeout_s) for arm, child in children.items()}
     if failed := next((f"{arm}: {w['error']}" for arm, w in warm.items() if "error" in w), None):

@@ -357,22 +357,22 @@ class _Run:
         from .experiments import Lab, Seen, run_experiments
 
         t0 = time.perf_counter()
+        ev = self._evidence()
         budget = o.experiment_seconds - self.lab_s
         rps = None
         if AT_CONCURRENCY.issuperset(names):
-            budget = min(max(budget, LATE_SHARE * o.experiment_seconds), self._run_left() - self._fresh_expected_s())
-            conc = self._evidence().concurrent
-            rps = conc.throughput_rps if conc is not None else None
+            budget = min(max(budget, LATE_SHARE * o.experiment_seconds), self._run_left() - self._fresh_expected_s(ev))
+            rps = ev.concurrent.throughput_rps if ev.concurrent is not None else None
         elif self.try_environment is not None:  # (the fresh processes' blocks come out of the same time)
             from .fresh import fresh_blocks_s, passive_called_for
 
-            budget -= fresh_blocks_s(o) if passive_called_for(self._evidence()) else 0.0
+            budget -= fresh_blocks_s(o) if passive_called_for(ev) else 0.0
         lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5), base=self.lab_base,
                   concurrent_rps=rps)  # fmt: skip
         self.tick("trying fixes", 0.0)
         try:
             seen = Seen.from_probes(self.probes, self.constant, self.data_keys)
-            self.experiments.update(run_experiments(self._evidence(), lab, seen, frozenset(names), busy=self.machine.busy))
+            self.experiments.update(run_experiments(ev, lab, seen, frozenset(names), busy=self.machine.busy))
         finally:
             self.lab_s += time.perf_counter() - t0
             self.lab_base = lab.base  # (the next phase's fixes compare with the same answer)
@@ -381,14 +381,13 @@ class _Run:
         o = self.options
         return o.max_seconds + o.experiment_seconds + RUN_EXTRA_S - (time.perf_counter() - self.started)
 
-    def _fresh_expected_s(self) -> float:
+    def _fresh_expected_s(self, ev: Evidence) -> float:
         """What trying OpenMP's policy in fresh processes will take, where it will be tried."""
         expected = getattr(self.try_environment, "expected_s", None)
         if expected is None or self.options.experiment_seconds <= 0:
             return 0.0
         from .fresh import passive_called_for
 
-        ev = self._evidence()
         return expected(ev.warm.p50_ms or 0.0) if ev.warm is not None and passive_called_for(ev) else 0.0
 
     # -- the report ----------------------------------------------------------------------------
