@@ -212,6 +212,22 @@ def test_gil_contention_needs_flat_scaling_one_busy_core_and_a_held_gil():
     assert shared.findings == [] and "other processes" in shared.not_checked["gil-contention"]
 
 
+def test_gil_contention_quotes_the_users_own_hot_line_with_its_idiom():
+    flat = dict(concurrent__throughput_rps=45.0, concurrent__sequential_rps=60.0, concurrent__cpu_cores_busy=1.0, concurrent__gil_wait_p50_ms=5.6,
+                concurrent__p50_ms=170.0, p50_ms=16.0)  # fmt: skip
+    [plain] = diagnose_evidence(healthy(**flat)).findings
+    assert "your own line" not in plain.fix and "ProcessPoolExecutor" in plain.fix
+    line = "x = np.array(list(img.getdata()), dtype=np.float32)"
+    ev = healthy(**flat, hot_spots={"preprocess": "app.py:21 prepare (70% of 90 samples)"}, hot_lines={"preprocess": line},
+                 hot_spots_in_user_code={"preprocess": True})  # fmt: skip
+    [f] = [f for f in diagnose_evidence(ev).findings if f.id == "gil-contention"]
+    assert line in f.fix and "np.asarray(img" in f.fix and "app.py:21" in f.fix and "ProcessPoolExecutor" in f.fix
+    # a line no idiom fits, or a library's line: the general fix alone
+    ev = healthy(**flat, hot_spots={"preprocess": "app.py:21 prepare"}, hot_lines={"preprocess": "y = self.encode(x)"},
+                 hot_spots_in_user_code={"preprocess": True})  # fmt: skip
+    assert [f.fix for f in diagnose_evidence(ev).findings if f.id == "gil-contention"] == [plain.fix]
+
+
 def test_slow_stages_name_the_hot_spot():
     ev = healthy(hot_spots={"serialize": "fastapi/encoders.py:322 jsonable_encoder (46% of 100 samples)"}, p50_ms=10.0)
     ev.stages = {"serialize": {"mean_ms": 8.0, "p95_ms": 9.0, "share": 0.8}, "infer": {"mean_ms": 1.0, "p95_ms": 1.0, "share": 0.1}}

@@ -341,14 +341,33 @@ _LINE_FIXES = (
 )
 
 
+def _own_line(where: str, line: str) -> str | None:
+    """The user's own hot line quoted, with the idiom that replaces it (None: no idiom fits)."""
+    idiom = next((fix for keys, fix in _LINE_FIXES if any(k in line for k in keys)), None)
+    return f"# the hot spot is your own line, {where.split(' ')[0]}:\n#     {line}\n{idiom}" if idiom is not None else None
+
+
+def own_line_fix(ev: Evidence) -> str | None:
+    """The idiom for the user's own hot line in the stage that takes longest of those whose hot
+    line the sampler found in their code (gil-contention's fix names it too: the Python work
+    that holds the GIL is that line)."""
+    stages = sorted(ev.hot_lines, key=lambda n: -((ev.stages.get(n) or {}).get("share") or 0.0))
+    for name in stages:
+        hot, line = ev.hot_spots.get(name), ev.hot_lines.get(name)
+        if hot and line and ev.hot_spots_in_user_code.get(name, False):
+            own = _own_line(hot.split(";")[0].strip().split(" (")[0], line)
+            if own is not None:
+                return own
+    return None
+
+
 def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | None = None) -> str:
     """The fix that fits what the stage's hot spot is, naming the user's line (and, with
     ``line``, its text) where it is theirs."""
     where = hot.split(";")[0].strip().split(" (")[0]
-    if user_code and line:
-        idiom = next((fix for keys, fix in _LINE_FIXES if any(k in line for k in keys)), None)
-        if idiom is not None:
-            return f"# the hot spot is your own line, {where.split(' ')[0]}:\n#     {line}\n{idiom}"
+    own = _own_line(where, line) if user_code and line else None
+    if own is not None:
+        return own
     if "pandas" in hot:
         return (
             f"# the hot spot is pandas ({where}): a DataFrame built per request costs far more than the model\n"

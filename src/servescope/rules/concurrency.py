@@ -19,6 +19,7 @@ from .causes import (
     LOOP_STALL_HIGH_MS,
     NO_BATCHING_FLOOR_MS,
     NO_BATCHING_GAIN,
+    own_line_fix,
 )
 from .idioms import batch_fix
 from .savings import BUSY_CORES, measured_or_estimated
@@ -283,6 +284,15 @@ _GIL_FIX = (
     "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
     "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
 )
+
+
+def _gil_fix(ev: Evidence) -> str:
+    """The user's own hot line first where the sampler found one an idiom replaces (that line
+    is the Python work that holds the GIL), then the general fix."""
+    own = own_line_fix(ev)
+    return f"{own}\n{_GIL_FIX}" if own else _GIL_FIX
+
+
 #: doctor --pid: the GIL held this share of the time while this many threads, on average,
 #: worked on requests: they take turns
 GIL_HELD_SHARE, GIL_THREADS = 0.8, 1.5
@@ -393,7 +403,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
             saving.severity(),
             "Pure-Python work holds the GIL: concurrent requests run one at a time",
             evidence,
-            fix=_GIL_FIX,
+            fix=_gil_fix(ev),
             saving_ms=saving.ms,
             **saving.fields(),
             detail=f"{conc.concurrency} callers got {scaling:.2f}x the throughput of one while the process used "
