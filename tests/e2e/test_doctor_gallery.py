@@ -117,12 +117,24 @@ def doctor(target: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+#: each example's run as a user types it, once for every test here that reads it (a doctor run
+#: is 5-50 s: the suite's largest part)
+_RUNS: dict[str, tuple[subprocess.CompletedProcess, dict | None]] = {}
+
+
+def run_once(target: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict | None]:
+    if target not in _RUNS:
+        where = tmp_path_factory.mktemp("gallery")
+        out = where / "report.json"
+        p = doctor(target, where, "--json", str(out))
+        _RUNS[target] = (p, json.loads(out.read_text()) if out.exists() else None)
+    return _RUNS[target]
+
+
 @pytest.mark.parametrize("target", sorted(EXPECTED))
-def test_the_doctor_names_exactly_the_causes_present(target, tmp_path):
-    out = tmp_path / "report.json"
-    p = doctor(target, tmp_path, "--json", str(out))
-    assert p.returncode == 0, p.stderr
-    report = json.loads(out.read_text())
+def test_the_doctor_names_exactly_the_causes_present(target, tmp_path_factory):
+    p, report = run_once(target, tmp_path_factory)
+    assert p.returncode == 0 and report is not None, p.stderr
     found = judged(target, report)
     if target in MAY_ALSO:  # the main cause is not outranked by the ones near the bar (a tie may go either way)
         rank = {"critical": 4, "high": 3, "medium": 2, "low": 1, "info": 0}
@@ -160,12 +172,11 @@ def test_the_fix_names_the_hot_spot_it_follows(tmp_path):
     assert "pandas" in f["evidence"]["hot_spot"] and "np.asarray" in f["fix"]
 
 
-def test_a_fix_that_cannot_reach_the_work_on_the_loop_is_not_measured_as_no_gain(tmp_path):
+def test_a_fix_that_cannot_reach_the_work_on_the_loop_is_not_measured_as_no_gain(tmp_path_factory):
     # a `def` endpoint whose big response FastAPI encodes on the loop: moving the endpoint
     # function off the loop changes nothing there, and the doctor must not say "no gain"
-    out = tmp_path / "report.json"
-    doctor("slow_serialization_fastapi.py:app", tmp_path, "--json", str(out))
-    report = json.loads(out.read_text())
+    p, report = run_once("slow_serialization_fastapi.py:app", tmp_path_factory)
+    assert report is not None, p.stderr
     what_if = report["diagnosis"]["evidence"]["experiments"]["off-the-loop"]
     assert not what_if["tried"] and "never took effect" in what_if["why_not"]
     [f] = [f for f in report["findings"] if f["id"] == "event-loop-blocked"]
