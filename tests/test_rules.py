@@ -222,7 +222,7 @@ def test_gil_contention_quotes_the_users_own_hot_line_with_its_idiom():
                  hot_spots_in_user_code={"preprocess": True})  # fmt: skip
     [f] = [f for f in diagnose_evidence(ev).findings if f.id == "gil-contention"]
     assert line in f.fix and "np.asarray(img" in f.fix and "app.py:21" in f.fix and "ProcessPoolExecutor" in f.fix
-    # a line no idiom fits, or a library's line: the general fix alone
+    # a line no idiom fits: the general fix alone
     ev = healthy(**flat, hot_spots={"preprocess": "app.py:21 prepare"}, hot_lines={"preprocess": "y = self.encode(x)"},
                  hot_spots_in_user_code={"preprocess": True})  # fmt: skip
     assert [f.fix for f in diagnose_evidence(ev).findings if f.id == "gil-contention"] == [plain.fix]

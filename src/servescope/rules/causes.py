@@ -341,6 +341,11 @@ _LINE_FIXES = (
 )
 
 
+def _where(hot: str) -> str:
+    """A hot spot's place: ``"app.py:21 prepare (70% of 90 samples); ..."`` -> ``"app.py:21 prepare"``."""
+    return hot.split(";")[0].strip().split(" (")[0]
+
+
 def _own_line(where: str, line: str) -> str | None:
     """The user's own hot line quoted, with the idiom that replaces it (None: no idiom fits)."""
     idiom = next((fix for keys, fix in _LINE_FIXES if any(k in line for k in keys)), None)
@@ -355,7 +360,7 @@ def own_line_fix(ev: Evidence) -> str | None:
     for name in stages:
         hot, line = ev.hot_spots.get(name), ev.hot_lines.get(name)
         if hot and line and ev.hot_spots_in_user_code.get(name, False):
-            own = _own_line(hot.split(";")[0].strip().split(" (")[0], line)
+            own = _own_line(_where(hot), line)
             if own is not None:
                 return own
     return None
@@ -364,7 +369,7 @@ def own_line_fix(ev: Evidence) -> str | None:
 def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | None = None) -> str:
     """The fix that fits what the stage's hot spot is, naming the user's line (and, with
     ``line``, its text) where it is theirs."""
-    where = hot.split(";")[0].strip().split(" (")[0]
+    where = _where(hot)
     own = _own_line(where, line) if user_code and line else None
     if own is not None:
         return own
