@@ -333,7 +333,7 @@ def _gil_from_stacks(ev: Evidence, conc: Concurrent) -> list[Finding]:
             "high" if held >= 0.95 else "medium",
             "Pure-Python work holds the GIL: concurrent requests run one at a time",
             evidence,
-            fix=_GIL_FIX,
+            fix=_gil_fix(ev),
             saving_ms=service if service is not None and service > 0 else None,
             detail=detail,
             **({"saving_basis": "estimated", "saving_load": f"c={conc.concurrency}, server time"} if service and service > 0 else {}),

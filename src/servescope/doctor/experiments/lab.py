@@ -268,6 +268,7 @@ class Lab:
                 else:
                     if arm is not None and not primed:
                         self._block(arm, 1, answers)
+                        primed = True
                     lat, rps = self._block(arm, n, answers)
                 (b_meds if arm else a_meds).append(statistics.median(lat))
                 if arm is None and c == 1:
