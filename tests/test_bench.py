@@ -483,3 +483,41 @@ def test_the_progress_line_costs_the_loop_nothing_when_no_one_sees_it():
 
     with BenchProgress(Console(file=io.StringIO()), seconds=1.0, requests=None) as progress:
         progress.tick("concurrency=1", Untouchable())
+
+
+def test_a_closed_loop_sends_exactly_its_requests_when_connections_close_together():
+    # HTTP/1.0-style answers (the server closes each connection) to all requests in flight at
+    # once: each closing connection reconnects, and before, each sent one more whatever the
+    # count (10 requests at 4 callers came back as 12)
+    import asyncio
+
+    from servescope.load.loadgen import LoadGenerator
+
+    async def main():
+        tick = asyncio.Event()
+
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            await tick.wait()
+            writer.write(b"HTTP/1.0 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+            writer.close()
+
+        async def ticker():
+            while True:
+                await asyncio.sleep(0.03)
+                tick.set()  # every request in flight is answered now, together
+                await asyncio.sleep(0)
+                tick.clear()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        beat = asyncio.ensure_future(ticker())
+        async with server:
+            url = URL.parse(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/")
+            gen = LoadGenerator(url, [b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"], timeout_s=5)
+            results = await asyncio.wait_for(gen.closed_loop(concurrency=4, requests=10), 20)
+        beat.cancel()
+        return results
+
+    results = asyncio.run(main())
+    assert len(results) == 10 and all(r.error is None for r in results), [r.error for r in results]

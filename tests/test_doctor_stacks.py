@@ -293,16 +293,20 @@ def test_an_estimator_called_on_nested_lists_is_replayed_at_other_batch_sizes():
 
 def _sort_then_release(data: list[int]) -> int:
     ordered = sorted(data)  # one C call of a ms or two that holds the GIL
-    time.sleep(0.0002)  # the next line lets the GIL go (as numpy, I/O and torch do)
+    time.sleep(0)  # the next line lets the GIL go (as numpy, I/O and torch do), and takes no time: a
+    # sleep of any length may wake late on a busy machine, and its wall time is then truly on its line
     return ordered[0]
 
 
-def test_a_c_call_that_holds_the_gil_is_sampled_on_its_own_line_not_the_next():
+# sorted in ~2 and ~3 ms: under the 5 ms switch interval; at 2 ms a sampler with a fixed period
+# (2 ms, then 0.5 ms for the GIL) falls in step with the loop and lands on the release every time
+@pytest.mark.parametrize("n", [20_000, 25_000])
+def test_a_c_call_that_holds_the_gil_is_sampled_on_its_own_line_not_the_next(n):
     import threading
 
     from servescope.doctor.sampler import StackSampler
 
-    data = np.random.default_rng(0).integers(0, 1 << 30, 15_000).tolist()  # sorted in ~3 ms: under the 5 ms switch interval
+    data = np.random.default_rng(0).integers(0, 1 << 30, n).tolist()
     line = _sort_then_release.__code__.co_firstlineno + 1
     sampler = StackSampler()
     with sampler, sampler.precise_lines():

@@ -140,7 +140,9 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path_factory):
         rank = {"critical": 4, "high": 3, "medium": 2, "low": 1, "info": 0}
         main = max((rank[f["severity"]] for f in report["findings"] if f["id"] in EXPECTED[target]), default=-1)
         near = [(f["id"], f["severity"]) for f in report["findings"] if f["id"] in MAY_ALSO[target] - EXPECTED[target]]
-        assert all(rank[sev] <= main for _, sev in near), (main, near)
+        # (gil-contention's share on 2 CPUs is 1 - scaling / 2: for code that does not scale at all,
+        # half the server time, the bar between high and critical; one level above it is a tie)
+        assert all(rank[sev] <= main + (fid == "gil-contention") for fid, sev in near), (main, near)
     assert found == EXPECTED[target], [(f["id"], f["severity"], f["evidence"]) for f in report["findings"]]
     for f in report["findings"]:
         assert f["fix"] and f["evidence"] and f["title"]

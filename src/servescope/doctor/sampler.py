@@ -13,6 +13,7 @@ import bisect
 import contextlib
 import linecache
 import os
+import random
 import statistics
 import sys
 import threading
@@ -112,10 +113,14 @@ class StackSampler:
                         return
                 last = time.perf_counter_ns()
             asked = time.perf_counter_ns()
-            if self._stop.wait(self.interval):
+            # a period drawn afresh each time (0.5-1.5x): at a fixed one, a sweep that lands as
+            # the worker lets the GIL go anchors the next one there, and code that loops in step
+            # with it (a C call of 2 ms, then a release) is sampled at that one point every time
+            wait_ns = int(interval_ns * (0.5 + random.random()))
+            if self._stop.wait(wait_ns / 1e9):
                 return
             now = time.perf_counter_ns()
-            self.lateness.append((now, max(0, now - asked - interval_ns) / 1e6))
+            self.lateness.append((now, max(0, now - asked - wait_ns) / 1e6))
             dt = min(now - last, 50 * interval_ns)  # (capped: a sampler stopped for long says little of that time)
             last = now
             for tid, frame in sys._current_frames().items():

@@ -228,8 +228,13 @@ class LoadGenerator:
             if self.running:
                 self._spawn(self._reconnect_and_send(delay=True))
             return
-        if self.running:
+        # (several connections closed by the server at once each come here: the limit is
+        # checked as the request goes out, or a closed loop sends one per closing connection too many)
+        if self.running and (self._limit is None or self.sent < self._limit):
             self._send(conn, None)
+        else:
+            self.idle.append(conn)
+            self._check_drained()
 
     def _spawn_connect(self) -> None:
         """Open a connection for the pending requests; counted as connecting from now on."""

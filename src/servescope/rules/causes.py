@@ -15,7 +15,7 @@ from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 from ..doctor.failures import known_failure
 from .idioms import load_once_fix, repeated_fix, warmup_fix
-from .savings import measured_or_estimated, severity
+from .savings import Saving, measured_or_estimated, severity
 
 #: Thresholds (docs/doctor.md).
 NO_BATCHING_GAIN, NO_BATCHING_FLOOR_MS = 1.3, 0.2
@@ -28,6 +28,7 @@ WARMED_STAGES = ("load", "preprocess", "to_device", "infer", "to_host", "postpro
 LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
 GIL_MIN_REQUEST_MS = 5.0
+GIL_ONE_CORE = 1.15  # a process's CPU, in cores, past which more than one thread ran at once
 GIL_IDLE_SHARE = 0.5  # of the cores the process left unused, the share that must have been idle
 FAILING_HIGH = 0.1
 REPEATED_SHARE = 0.01
@@ -398,6 +399,10 @@ def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | Non
     return _STAGE_FIX[stage_name]
 
 
+#: what a fix of a slow stage is estimated to save of the stage's time
+STAGE_SAVED = 0.8
+
+
 def slow_stages(ev: Evidence) -> list[Finding]:
     out = []
     for name, fid in _STAGE_ID.items():
@@ -414,19 +419,14 @@ def slow_stages(ev: Evidence) -> list[Finding]:
         evidence = {"mean_ms": mean, "p50_ms": s.get("p50_ms"), "p95_ms": s["p95_ms"], "share": share}
         if ev.hot_spots.get(name):
             evidence["hot_spot"] = ev.hot_spots[name]
-        out.append(
-            Finding(
-                fid,
-                "high" if share >= 0.5 else "medium",
-                f"{_STAGE_WORDS[name]} takes {share * 100:.0f}% of each request",
-                evidence,
-                fix=fix_for_hot_spot(name, ev.hot_spots[name], ev.hot_spots_in_user_code.get(name, False), ev.hot_lines.get(name))
-                if ev.hot_spots.get(name)
-                else _STAGE_FIX[name],
-                saving_ms=round(typical * 0.8, 3) if typical is not None else None,
-                detail="Estimated as 80% of the stage's time in the median request (its p50)." if typical is not None else "",
-            )
-        )
+        fix = fix_for_hot_spot(name, ev.hot_spots[name], ev.hot_spots_in_user_code.get(name, False), ev.hot_lines.get(name)) if ev.hot_spots.get(name) else _STAGE_FIX[name]
+        title = f"{_STAGE_WORDS[name]} takes {share * 100:.0f}% of each request"
+        if typical is None:  # (the share is known, the milliseconds are not: sized as a share)
+            out.append(Finding(fid, severity(STAGE_SAVED * share, 1.0), title, evidence, fix=fix))
+            continue
+        saving = Saving(ms=round(typical * STAGE_SAVED, 3), basis="estimated", load="c=1", p50_ms=ev.p50_ms,
+                        detail=f"Estimated as {STAGE_SAVED:.0%} of the stage's time in the median request (its p50), at c=1.")  # fmt: skip
+        out.append(Finding(fid, saving.severity(), title, evidence, fix=fix, saving_ms=saving.ms, detail=saving.detail, **saving.fields()))
     return out
 
 

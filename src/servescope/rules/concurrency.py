@@ -11,6 +11,7 @@ from .causes import (
     GIL_FLOOR_MS,
     GIL_IDLE_SHARE,
     GIL_MIN_REQUEST_MS,
+    GIL_ONE_CORE,
     GIL_SCALING,
     GIL_SHARE,
     GIL_WAIT_MS,
@@ -361,13 +362,20 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     scaling = conc.throughput_rps / conc.sequential_rps
     on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
     loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
-    if scaling >= GIL_SCALING * width or on_loop or loop_busy:
-        return []  # it scales, or the loop is the bottleneck (event-loop-blocked says so)
+    if on_loop or loop_busy:
+        return []  # the loop is the bottleneck (event-loop-blocked says so)
     warm = ev.warm
     if warm is not None and (warm.loads_per_request >= 0.5 or warm.params_built_per_request > 0):
         return []  # the Python work is the per-request load: model-load-per-request's fix removes it
     if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
         return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
+    if scaling >= GIL_SCALING * width and conc.cpu_cores_busy >= GIL_ONE_CORE:
+        # it scales, and its CPU says how: more than one core's worth ran at once. (Where the
+        # process used one core's worth, a throughput that looks scaled came from waits that
+        # overlap, or from a sequential phase that other work slowed: the two phases are
+        # measured apart, the CPU and the GIL's waits in the same one. The saving below is
+        # then small, and the floor judges it.)
+        return []
     unused = width - conc.cpu_cores_busy
     if conc.machine_cores_idle is not None and conc.machine_cores_idle < GIL_IDLE_SHARE * unused:
         # the cores this process left unused were not idle: other processes ran on them, and a
