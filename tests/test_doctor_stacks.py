@@ -163,6 +163,10 @@ def test_a_decode_loop_attributes_the_work_between_forwards_and_counts_every_for
 
 def test_the_fix_follows_the_hot_spot():
     assert "np.argpartition" in fix_for_hot_spot("postprocess", "search.py:31 search (80% of 40 samples)", True)
+    # your own line that no idiom fits: quoted, and the fix does not say what it does (strings are not numbers)
+    line = "if len(grams & ref) / max(len(grams | ref), 1) > 0.5:"
+    fix = fix_for_hot_spot("preprocess", "app.py:27 features (23% of 40 samples)", True, line)
+    assert line in fix and "app.py:27" in fix and "at start-up" in fix and "loops over numbers" not in fix
     assert "np.asarray" in fix_for_hot_spot("preprocess", "pandas/core/frame.py:700 __init__ (60% of 40 samples)", False)
     assert "resize" in fix_for_hot_spot("preprocess", "PIL/Image.py:2200 resize (60% of 40 samples)", False)
     assert "orjson" in fix_for_hot_spot("serialize", "fastapi/encoders.py:322 jsonable_encoder (46% of 100 samples)", False)

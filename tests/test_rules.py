@@ -228,6 +228,13 @@ def test_gil_contention_quotes_the_users_own_hot_line_with_its_idiom():
                  hot_spots_in_user_code={"preprocess": True})  # fmt: skip
     [f] = [f for f in diagnose_evidence(ev).findings if f.id == "gil-contention"]
     assert line in f.fix and "np.asarray(img" in f.fix and "app.py:21" in f.fix and "ProcessPoolExecutor" in f.fix
+    # a loop of sums is numbers: numpy; a loop over strings is not, and is not told to use numpy
+    sums, grams = "total += math.sqrt(abs(v)) * w", "grams = {w[k:k + 3] for k in range(len(w) - 2)}"
+    for text, idiom, not_idiom in ((sums, "np.add.reduce", "at start-up"), (grams, "at start-up", "np.")):
+        ev = healthy(**flat, hot_spots={"preprocess": "app.py:21 prepare"}, hot_lines={"preprocess": text}, hot_spots_in_user_code={"preprocess": True})
+        [f] = [f for f in diagnose_evidence(ev).findings if f.id == "gil-contention"]
+        own = f.fix.split("# the hot spot is Python code")[0]
+        assert text in own and idiom in own and not_idiom not in own, f.fix
     # a line no idiom fits: the general fix alone
     ev = healthy(**flat, hot_spots={"preprocess": "app.py:21 prepare"}, hot_lines={"preprocess": "y = self.encode(x)"},
                  hot_spots_in_user_code={"preprocess": True})  # fmt: skip

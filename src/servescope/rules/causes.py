@@ -338,7 +338,10 @@ _LINE_FIXES = (
     ((".tolist()",), "out = y.numpy()          # keep the array (orjson serialises numpy natively), no Python list of floats"),
     (("sorted(",), "top = np.argpartition(-scores, k)[:k]; top = top[np.argsort(-scores[top])]   # top-k without sorting everything in Python"),
     (("cosine", "dot(", " @ "), "scores = corpus_embeddings @ query          # one matmul over every row, not a Python loop of dot products"),
-    (("for ", "sum(", "zip(", "map(", "range("), "y = np.add.reduce(x, axis=1)   # one numpy call over the whole array instead of a Python loop (np.sum, np.where, broadcasting)"),
+    (("sum(", "+=", "math."), "y = np.add.reduce(x, axis=1)   # one numpy call over the whole array instead of a Python loop (np.sum, np.where, broadcasting)"),
+    # a loop whose work is not clearly numbers (strings, sets, dicts): numpy is not its answer
+    (("for ", "zip(", "map(", "range("), "# Python runs this line once per item on every request: build what does not depend on the\n"
+     "# request (a table, a vocabulary's n-grams, a lookup) once, at start-up, and make numbers numpy arrays"),
 )
 
 
@@ -388,10 +391,12 @@ def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | Non
         )
     if any(k in hot for k in ("tolist", "jsonable_encoder", "json", "encoders.py", "render")):
         return _STAGE_FIX["serialize"] if stage_name == "serialize" else _STAGE_FIX["postprocess"]
-    if user_code:
+    if user_code:  # (what the code does is not known: each way out is said as a question)
+        quoted = f"\n#     {line}" if line else ""
         return (
-            f"# the hot spot is your own Python code ({where}): loops over numbers one at a time\n"
-            "# vectorise with numpy: one call over the whole array instead of a Python loop\n"
+            f"# the hot spot is your own Python code ({where}):{quoted}\n"
+            "# does it depend on the request? if not (a table, a vocabulary, n-grams), build it once, at start-up;\n"
+            "# is it numbers? one numpy call over the whole array instead of a Python loop:\n"
             "scores = corpus_embeddings @ query            # a matmul, not zip/sum per row\n"
             "top = np.argpartition(-scores, k)[:k]         # top-k without sorting everything\n"
             "top = top[np.argsort(-scores[top])]"

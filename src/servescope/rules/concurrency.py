@@ -283,7 +283,9 @@ _GIL_FIX = (
     "# vectorise it (numpy/torch ops release the GIL), or run it in processes:\n"
     "pool = concurrent.futures.ProcessPoolExecutor()\n"
     "result = await loop.run_in_executor(pool, cpu_heavy_part, data)\n"
-    "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N)"
+    "# or serve with several worker processes (uvicorn --workers N, gunicorn -w N); they\n"
+    "# share one socket, and a few keep-alive clients that connect at once may all be\n"
+    "# accepted by one worker: check the load spreads (many clients, or new connections, do)"
 )
 
 
