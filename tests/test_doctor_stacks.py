@@ -415,6 +415,47 @@ def test_only_the_watched_threads_blocking_waits_are_recorded_and_named_by_the_c
     assert all("test_doctor_stacks.py" in w and "consumer" in w for _, _, w, _ in sampler.waits)
 
 
+def test_a_thread_started_or_fed_from_the_loops_thread_is_a_hand_off_not_a_blocking_wait():
+    # anyio and run_in_executor start pool workers and put work on their queues from the loop's
+    # thread; while other threads hold the GIL those calls wait for the new thread's turn, which is
+    # the GIL's contention, not code that blocks the loop (a gallery endpoint was named
+    # event-loop-blocked for it, in anyio's run_sync_in_worker_thread)
+    import queue
+    import threading as th
+
+    from servescope.doctor.sampler import StackSampler
+
+    stop = th.Event()
+
+    def hold_the_gil() -> None:
+        while not stop.is_set():
+            sum(range(2000))
+
+    def dispatcher() -> None:
+        work: queue.Queue = queue.Queue()
+        while not stop.is_set():
+            th.Thread(target=lambda: None).start()  # waits for the new thread's turn
+            work.put_nowait(1)
+            work.get_nowait()
+
+    holders = [th.Thread(target=hold_the_gil) for _ in range(2)]
+    for h in holders:
+        h.start()
+    sampler = StackSampler()
+    d = th.Thread(target=dispatcher)
+    d.start()
+    sampler.watch.add(d.ident)
+    with sampler:
+        time.sleep(0.4)
+    stop.set()
+    d.join()
+    for h in holders:
+        h.join()
+    mine = [w for t, tid, w, _ in sampler.samples if tid == d.ident]
+    assert len(mine) > 20  # the dispatcher was sampled ...
+    assert sampler.waits == [], sampler.waits[:3]  # ... and none of its hand-offs counts as a blocking wait
+
+
 def test_a_thread_that_outlives_the_request_that_started_it_works_for_no_request_after():
     import threading as th
 

@@ -35,6 +35,12 @@ class StackSampler:
     #: waits that block the thread they are on (a queue, a lock, a socket read): on an event
     #: loop's own thread these stop the loop, where its selector's wait does not
     _BLOCKING = ("queue.py", "threading.py", "socket.py", "ssl.py")
+    #: the standard library's calls that wait only for another thread to take the GIL:
+    #: ``Thread.start`` until the new thread runs, a queue's ``put_nowait``/``get_nowait`` for
+    #: its lock. A framework that hands a ``def`` route to its pool (anyio, ``run_in_executor``)
+    #: makes them on the loop's thread; while the pool's threads hold the GIL they wait, and that
+    #: is the GIL's contention (its own rule), not code that blocks the loop with a fix of its own
+    _HANDOFFS = frozenset({"start", "put_nowait", "get_nowait"})
 
     def __init__(self, interval: float = 0.002) -> None:
         self.interval = interval
@@ -128,7 +134,9 @@ class StackSampler:
                     where = self._where(frame)
                     self.samples.append((now, tid, where, dt))
                     if where is None and tid in self.watch and frame.f_code.co_filename.endswith(self._BLOCKING):
-                        self.waits.append((now, tid, self._waiter(frame), dt))
+                        waiter = self._waiter(frame)
+                        if waiter is not None:
+                            self.waits.append((now, tid, waiter, dt))
 
     def _where(self, frame: Any) -> str | None:
         if frame.f_code.co_filename.endswith(self._IDLE):  # a thread waiting, not working
@@ -141,11 +149,15 @@ class StackSampler:
             f = f.f_back
         return None
 
-    def _waiter(self, frame: Any) -> str:
+    def _waiter(self, frame: Any) -> str | None:
         """The code that waits: the first frame below the standard library's waiting calls,
-        and the user's own line that called it when that is further down."""
+        and the user's own line that called it when that is further down. ``None`` for a
+        hand-off to another thread (``_HANDOFFS``), which waits only for that thread's turn on
+        the GIL."""
         f = frame
         while f is not None and (f.f_code.co_filename.endswith(self._BLOCKING) or any(p in f.f_code.co_filename for p in self._SKIP)):
+            if (f.f_code.co_filename.endswith(("threading.py", "queue.py")) and f.f_code.co_name in self._HANDOFFS):
+                return None
             f = f.f_back
         f = f or frame
         where = f"{self._short(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
