@@ -64,6 +64,28 @@ def test_the_two_processes_first_requests_run_at_once(tmp_path, monkeypatch):
     assert a0 < b1 and b0 < a1  # the two first requests overlapped
 
 
+def test_a_block_ends_on_time_when_requests_turn_slow_after_the_warm_ones(tmp_path, monkeypatch):
+    # blocks are sized from the warm requests; a process whose later requests run 10x slower
+    # (OpenMP's threads spinning beside a neighbour: 25 ms, then 1.6 s a request) must not make
+    # each block take that many slow requests (a gallery run took 150 s)
+    import servescope.doctor.fresh as fresh
+
+    monkeypatch.setattr(fresh, "BLOCK_S", 0.1)  # 20 requests a block at the warm 5 ms
+    spec = endpoint(tmp_path, """
+        import time
+        CALLS = [0]
+        def predict(payload):
+            CALLS[0] += 1
+            time.sleep(0.005 if CALLS[0] <= 2 else 0.05)
+            return {"ok": True}
+    """)
+    w = compare(tmp_path, spec, {"FRESH_TEST_UNUSED": "1"}, 0.5)
+    assert w.tried, w.why_not
+    # a block stops once twice its planned time has passed: 0.2 s, 4-5 requests of 50 ms, not 20
+    assert w.requests <= 6 * w.pairs, (w.requests, w.pairs)
+    assert w.base_p50_ms == pytest.approx(50.0, abs=15.0)
+
+
 def test_a_fresh_process_that_fails_or_answers_otherwise_is_not_tried_with_why(tmp_path):
     spec = endpoint(tmp_path, """
         import os

@@ -38,8 +38,10 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: Requests each process answers before the blocks (a first request's imports, caches): the first
 #: in both processes at once, the others one process at a time.
 WARM = 2
-#: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them).
-BLOCK_S, MAX_BLOCK = 0.5, 100
+#: A block lasts about this long (at least one request, at most ``MAX_BLOCK`` of them): its
+#: count is sized from the warm requests, and a child ends a block early once ``BLOCK_CAP`` times
+#: that has passed (a warm request that ran fast does not make every block take minutes)
+BLOCK_S, MAX_BLOCK, BLOCK_CAP = 0.5, 100, 2.0
 #: The blocks get this share of the doctor's ``experiment_seconds``, at most ``MAX_BLOCKS_S``
 #: (the processes' start-up comes on top).
 BLOCKS_SHARE, MAX_BLOCKS_S = 0.5, 6.0
@@ -148,16 +150,17 @@ class _Child:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def ask(self, n: int) -> bool:
-        """Asks for ``n`` requests' times (read them with ``read``); False if the process ended."""
+    def ask(self, n: int, cap_s: float = 0.0) -> bool:
+        """Asks for ``n`` requests' times (read them with ``read``), fewer if ``cap_s`` seconds
+        pass first (at least one; 0: no cap); False if the process ended."""
         try:
-            os.write(self.cmd, f"{n}\n".encode())
+            os.write(self.cmd, f"{n} {cap_s:g}\n".encode())
         except OSError:
             return False
         return True
 
-    def block(self, n: int, timeout_s: float) -> dict[str, Any]:
-        return self.read(timeout_s * (n + 1)) if self.ask(n) else {"error": "the process ended"}
+    def block(self, n: int, timeout_s: float, cap_s: float = 0.0) -> dict[str, Any]:
+        return self.read(timeout_s * (n + 1)) if self.ask(n, cap_s) else {"error": "the process ended"}
 
     def end(self) -> None:
         for fd in (self.cmd, self.reply):
@@ -229,7 +232,7 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
             break
         medians = {}
         for arm in ("AB" if i % 2 == 0 else "BA"):
-            got = children[arm].block(n, timeout_s)
+            got = children[arm].block(n, timeout_s, BLOCK_CAP * BLOCK_S)
             if "error" in got:
                 out.why_not = f"a fresh process's request failed ({'as written' if arm == 'A' else 'with the fix'}: {got['error']})"
                 return out
@@ -269,15 +272,19 @@ def main(argv: list[str]) -> None:
         say(started=True)
         for line in commands:  # (the parent closes the pipe when it is done: the loop ends)
             ms, seen = [], set()
-            for _ in range(int(line)):
+            n, cap_s = line.split()
+            until = time.perf_counter() + float(cap_s) if float(cap_s) > 0 else float("inf")
+            error = ""
+            for _ in range(int(n)):
+                if ms and time.perf_counter() >= until:
+                    break
                 obs = endpoint.request(body, job["timeout_s"])
                 if obs.error:
-                    say(error=obs.error[:300])
+                    error = obs.error[:300]
                     break
                 ms.append(round(obs.latency_ms, 3))
                 seen.add(_answer_hash(obs.answer))
-            else:
-                say(ms=ms, answers=sorted(seen))
+            say(**({"error": error} if error else {"ms": ms, "answers": sorted(seen)}))
     except BaseException as exc:  # noqa: B036 - whatever happens, the parent hears of it
         try:
             say(error=f"{type(exc).__name__}: {exc}"[:300])
