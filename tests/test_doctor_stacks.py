@@ -415,6 +415,21 @@ def test_only_the_watched_threads_blocking_waits_are_recorded_and_named_by_the_c
     assert all("test_doctor_stacks.py" in w and "consumer" in w for _, _, w, _ in sampler.waits)
 
 
+def test_time_in_no_stage_is_said_with_where_the_sampler_found_it():
+    # a handler whose work calls no model the probes see: the report cannot break it into
+    # stages, but it says which code the time went to
+    def score(payload):
+        total = 0
+        for i in range(60_000):  # the handler's own Python work, ~5 ms
+            total += i % 7
+        return {"score": total}
+
+    rep = diagnose(score, payload={}, options=FAST_NO_FIXES)
+    un = rep.diagnosis.unattributed
+    assert un is not None and un.share > 0.5
+    assert "test_doctor_stacks.py" in un.where and "score" in un.where, un.where
+
+
 def test_a_thread_started_or_fed_from_the_loops_thread_is_a_hand_off_not_a_blocking_wait():
     # anyio and run_in_executor start pool workers and put work on their queues from the loop's
     # thread; while other threads hold the GIL those calls wait for the new thread's turn, which is

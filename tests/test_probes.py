@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from servescope import WallClock, stage, trace
-from servescope.doctor.attribution import split_other
+from servescope.doctor.attribution import split_other, stage_windows
 from servescope.doctor.probes import Probes, new_evidence, reset_evidence, set_evidence
 
 
@@ -118,3 +118,18 @@ def test_unstaged_time_splits_into_pre_and_postprocessing(clock):
         clock.advance(0.5)  # after serialization: framework
     d = split_other(t)
     assert d == pytest.approx({"validate": 1, "preprocess": 2, "infer": 5, "postprocess": 3, "serialize": 1, "other": 0.5})
+
+
+def test_a_request_that_calls_no_model_is_sampled_between_validation_and_serialization(clock):
+    # pure-Python scoring, or a library the probes do not know: the unstaged time has no pre or
+    # post, and its window is what the sampler says it is spent on
+    with trace(clock=WallClock(clock.now)) as t:
+        with stage("validate"):
+            clock.advance(1)
+        clock.advance(6)  # the handler's own work
+        with stage("serialize"):
+            clock.advance(1)
+        clock.advance(0.5)
+    assert split_other(t) == pytest.approx({"validate": 1, "other": 6.5, "serialize": 1})
+    [(lo, hi)] = stage_windows(t)["other"]
+    assert ((lo - t.started_ns) / 1e6, (hi - t.started_ns) / 1e6) == pytest.approx((1, 7))

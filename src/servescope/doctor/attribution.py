@@ -85,6 +85,18 @@ def _model_bounds(
     if not model:
         return None
     first, last = min(s[1] for s in model), max(s[2] for s in model)
+    begin, end = _handler_bounds(trace, spans, evidence, first, last)
+    return begin, first, last, end
+
+
+def _handler_bounds(
+    trace: Any, spans: list[tuple[str, float, float, int]], evidence: dict[str, Any] | None,
+    first: float | None = None, last: float | None = None,
+) -> tuple[float, float]:
+    """(begin, end) in ms since the trace began of the handler's own work around the model calls
+    ``first``..``last`` (without them, the whole request): from the end of validation (or the
+    handler's real start) to serialization."""
+    first = trace.total_ms if first is None else first
     entered = (evidence or {}).get("handler_start_ns")
     if entered is not None and trace.started_ns is not None:
         # the handler's real start (not the framework's thread hop); a json call inside the
@@ -92,8 +104,9 @@ def _model_bounds(
         begin = min(max((entered - trace.started_ns) / 1e6, 0.0), first)
     else:
         begin = max((s[2] for s in spans if s[2] <= first and s[0] in ("validate", "receive")), default=0.0)
+    last = begin if last is None else last
     end = min((s[1] for s in spans if s[1] >= last and s[0] in ("serialize", "send")), default=trace.total_ms)
-    return begin, first, last, end
+    return begin, end
 
 
 def stage_windows(trace: Any, evidence: dict[str, Any] | None = None) -> dict[str, list[tuple[int, int]]]:
@@ -107,7 +120,14 @@ def stage_windows(trace: Any, evidence: dict[str, Any] | None = None) -> dict[st
         if name in out:
             out[name].append((base + int(lo * 1e6), base + int(hi * 1e6)))
     bounds = _model_bounds(trace, spans, evidence)
-    if bounds is not None:
+    if bounds is None:
+        # no model call the probes saw (pure-Python scoring, a library they do not know): the
+        # handler's time between validation and serialization stays unstaged, and its samples
+        # say where it goes
+        begin, end = _handler_bounds(trace, spans, evidence)
+        if end > begin:
+            out[OTHER] = [(base + int(begin * 1e6), base + int(end * 1e6))]
+    else:
         begin, first, last, end = bounds
         out["preprocess"].append((base + int(begin * 1e6), base + int(first * 1e6)))
         out["postprocess"].append((base + int(last * 1e6), base + int(end * 1e6)))

@@ -499,7 +499,7 @@ class _Run:
         diagnosis.evidence = evidence.to_dict()
         other = (report.stages.get("other") or {}).get("share") or 0.0
         if other >= UNATTRIBUTED_SHARE:
-            diagnosis.unattributed = Unattributed(share=round(other, 3))
+            diagnosis.unattributed = Unattributed(share=round(other, 3), where=evidence.hot_spots.get("other", ""))
         from ..rules import diagnose_report
 
         report.findings = diagnose_report(report)

@@ -147,7 +147,8 @@ def doctor_sections(report: Report) -> list[Any]:
                 f"{unattributed.share * 100:.0f}% of each request is "
                 + (unattributed.why or "outside every stage the probes know (the framework, or code that calls no model, "
                    "loader or serializer they see): the breakdown cannot say what it is. servescope.stage() around your own "
-                   "steps names it."),
+                   "steps names it.")
+                + (f" The sampler found it in {unattributed.where}." if unattributed.where else ""),
                 style="yellow",
             )  # fmt: skip
         )

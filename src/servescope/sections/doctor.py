@@ -31,6 +31,9 @@ class Unattributed(Section):
 
     share: float | None = None
     why: str = ""
+    #: where the sampler found that time (``file:line function (share of the time, samples)``;
+    #: "" where it saw none or the request called a model: then the stages' hot spots say)
+    where: str = ""
 
 
 @dataclass(kw_only=True)
