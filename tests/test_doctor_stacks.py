@@ -430,6 +430,20 @@ def test_time_in_no_stage_is_said_with_where_the_sampler_found_it():
     assert "test_doctor_stacks.py" in un.where and "score" in un.where, un.where
 
 
+def test_time_in_no_stage_spent_waiting_is_not_put_on_the_little_code_that_ran():
+    # a handler that waits (a socket, a lock: here an Event) for most of its time: the few
+    # samples that ran code are not where its time went, so no place is named
+    import threading as th
+
+    def lookup(payload):
+        th.Event().wait(0.008)  # as a call to another service would wait on its socket
+        return {"n": sum(range(40_000))}  # then ~1 ms of code, which the sampler sees run
+
+    rep = diagnose(lookup, payload={}, options=FAST_NO_FIXES)
+    un = rep.diagnosis.unattributed
+    assert un is not None and un.share > 0.5 and un.where == "", un.where
+
+
 def test_a_thread_started_or_fed_from_the_loops_thread_is_a_hand_off_not_a_blocking_wait():
     # anyio and run_in_executor start pool workers and put work on their queues from the loop's
     # thread; while other threads hold the GIL those calls wait for the new thread's turn, which is

@@ -58,6 +58,9 @@ __all__ = ["DoctorOptions", "Verdict", "diagnose"]
 
 #: A share of the request outside every stage above which the report says it cannot tell.
 UNATTRIBUTED_SHARE = 0.3
+#: The unstaged time of a request with no model call is said to be in its hot spot only when
+#: code was sampled running for at least this share of it
+WORKING_SHARE = 0.5
 #: The probes are blamed only when this share of probed requests failed and every one of
 #: this many unprobed requests succeeded.
 PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
@@ -432,6 +435,9 @@ class _Run:
                     windows.setdefault(k, []).extend(v)
         cold = self.cold or Observation(0.0)
         hot = self.sampler.hot_spots(windows)
+        working = self.sampler.working_share(windows.get("other", []))
+        if "other" in hot and working is not None and working < WORKING_SHARE:
+            del hot["other"]  # (mostly waiting: I/O, a lock; what ran is not where the time went)
         again_ms, again_p50, again_error = self.repeated_cold or (None, None, None)
         cold_stages = split_other(cold.trace, cold.evidence) if cold.trace is not None else {}
         evidence = Evidence(

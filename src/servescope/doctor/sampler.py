@@ -229,6 +229,24 @@ class StackSampler:
                 out[stage_name] = self._top(counts, total, top, n)
         return out
 
+    def working_share(self, spans: list[tuple[int, int]]) -> float | None:
+        """Of the sweeps that landed in ``spans``, the share that found the busiest thread
+        running code (not waiting on a socket, a queue or a lock): a hot spot read from windows
+        spent mostly waiting names the little that ran, not where the time went. Counted per
+        thread (the pool's idle threads wait all along), by sweeps (a late sweep's time may
+        fall outside the window). None with fewer than 3 sweeps on any thread."""
+        spans = sorted(spans)
+        starts = [lo for lo, _ in spans]
+        seen: dict[int, list[int]] = {}
+        for t, tid, where, _ in self.samples:
+            i = bisect.bisect_right(starts, t) - 1
+            if i >= 0 and t <= spans[i][1]:
+                c = seen.setdefault(tid, [0, 0])
+                c[0] += where is not None
+                c[1] += 1
+        shares = [w / n for w, n in seen.values() if n >= 3]
+        return max(shares) if shares else None
+
     def loop_activity(self, tid: int, start_ns: int, end_ns: int) -> LoopActivity:
         """How the event loop's thread spent ``[start_ns, end_ns]``."""
         mine = [(t, w, dt) for t, tt, w, dt in self.samples if tt == tid and start_ns <= t <= end_ns]
