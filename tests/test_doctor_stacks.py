@@ -481,7 +481,7 @@ def test_a_thread_started_or_fed_from_the_loops_thread_is_a_hand_off_not_a_block
     for h in holders:
         h.join()
     mine = [w for t, tid, w, _ in sampler.samples if tid == d.ident]
-    assert len(mine) > 20  # the dispatcher was sampled ...
+    assert len(mine) > 10  # the dispatcher was sampled (37-54 times here, beside a neighbour too) ...
     assert sampler.waits == [], sampler.waits[:3]  # ... and none of its hand-offs counts as a blocking wait
 
 
