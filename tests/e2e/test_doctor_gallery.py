@@ -70,6 +70,9 @@ MAY_ALSO = {
     # but its requests take 4-6 ms against the 5-ms floor under which the GIL is not judged
     # (rules/causes.py GIL_MIN_REQUEST_MS): named in 2 of 2 runs at 5.3-6.1 ms (session 15)
     "image_getdata_fastapi.py:app": {"gil-contention"},
+    # predict_proba on one row costs 0.12-0.24 ms an item against the 0.2-ms floor a forward must
+    # clear (16x less an item at batch 16): named, low, in 1 of 5 fresh clones (session 19)
+    "sklearn_pandas_starlette.py:app": {"no-batching"},
 }
 
 #: the payload and route of the examples that do not take x256.json at /predict
