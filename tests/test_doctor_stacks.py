@@ -280,6 +280,41 @@ def test_the_users_own_hot_line_gets_the_idiom_that_replaces_it(tmp_path):
     assert "numpy" in loop and "corpus_embeddings" not in loop
 
 
+def _count_words(words: list[str]) -> int:
+    from collections import Counter
+
+    return len(Counter(words))  # the library's Python (Counter.update) runs the count
+
+
+def test_a_hot_spot_in_library_code_names_the_users_line_that_called_it():
+    # "collections/__init__.py:690 update" alone does not say which of the user's Counters it is
+    import threading
+
+    from servescope.doctor.sampler import StackSampler
+
+    words = [f"w{i % 5000}" for i in range(200_000)]
+    sampler = StackSampler()
+    with sampler:
+        start = time.perf_counter_ns()
+        worker = threading.Thread(target=lambda: [_count_words(words) for _ in range(8)])
+        worker.start()
+        worker.join()
+        end = time.perf_counter_ns()
+    hot = sampler.hot_spots({"preprocess": [(start, end)]}, top=1)["preprocess"]
+    line = _count_words.__code__.co_firstlineno + 3
+    assert hot.startswith("collections/__init__.py:") and f"called from tests/test_doctor_stacks.py:{line} _count_words" in hot, hot
+    assert not sampler.is_user_code(hot)  # the top frame is still the library's
+    assert sampler.line_of(hot) == "return len(Counter(words))  # the library's Python (Counter.update) runs the count"
+    # the fix quotes that line; an idiom that fits the calling line is offered for it
+    fix = fix_for_hot_spot("preprocess", "collections/__init__.py:690 update, called from app.py:29 rank (40% of the time, 20 samples)", False, "tf = Counter(toks)")
+    assert "called from your line" in fix and "tf = Counter(toks)" in fix
+    fix = fix_for_hot_spot("postprocess", "statistics.py:200 mean, called from app.py:31 rank (40% of the time, 20 samples)", False, "top = sorted(scores)[:5]")
+    assert "np.argpartition" in fix and "app.py:31" in fix
+    # library-specific fixes keep their place
+    fix = fix_for_hot_spot("preprocess", "pandas/core/frame.py:700 __init__, called from app.py:27 features (60% of the time, 40 samples)", False, "df = pd.DataFrame(rows)")
+    assert "np.asarray" in fix
+
+
 def test_an_estimator_called_on_nested_lists_is_replayed_at_other_batch_sizes():
     from sklearn.ensemble import RandomForestClassifier
 

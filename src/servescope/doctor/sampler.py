@@ -22,7 +22,10 @@ from typing import Any, Iterator
 
 from .evidence import LoopActivity
 
-__all__ = ["StackSampler"]
+__all__ = ["CALLED_FROM", "StackSampler"]
+
+#: between a library's line and the user's line that called it, in a hot spot
+CALLED_FROM = ", called from "
 
 
 class StackSampler:
@@ -59,6 +62,7 @@ class StackSampler:
         #: (time ns, how late the sampler woke, ms)
         self.lateness: list[tuple[int, float]] = []
         self._names: dict[str, str] = {}
+        self._codes: dict[int, tuple[Any, tuple[bool, str, bool]]] = {}
         #: short names of the files sampled that are the user's own (not under site-packages or the stdlib)
         self.user_files: set[str] = set()
         self._user_paths: dict[str, str] = {}
@@ -138,15 +142,46 @@ class StackSampler:
                         if waiter is not None:
                             self.waits.append((now, tid, waiter, dt))
 
+    def _code(self, code: Any) -> tuple[bool, str, bool]:
+        """(servescope's or the threading machinery's, the file's short name, the user's own):
+        per code object, once (a sweep walks every working thread's stack)."""
+        seen = self._codes.get(id(code))  # (by id: a code object's own hash reads its bytecode)
+        if seen is not None and seen[0] is code:
+            return seen[1]
+        name = code.co_filename
+        skipped = any(part in name for part in self._SKIP)
+        short = self._short(name)
+        info = (skipped, short, not skipped and short in self.user_files)
+        self._codes[id(code)] = (code, info)
+        return info
+
     def _where(self, frame: Any) -> str | None:
         if frame.f_code.co_filename.endswith(self._IDLE):  # a thread waiting, not working
             return None
         f = frame
         while f is not None:
-            name = f.f_code.co_filename
-            if not any(part in name for part in self._SKIP):
-                return f"{self._short(name)}:{f.f_lineno} {f.f_code.co_name}"
+            skipped, short, user = self._code(f.f_code)
+            if not skipped:
+                where = f"{short}:{f.f_lineno} {f.f_code.co_name}"
+                caller = None if user else self._callers_line(f.f_back)
+                return where if caller is None else f"{where}{CALLED_FROM}{caller}"
             f = f.f_back
+        return None
+
+    #: how far down a library's stack the sampler looks for the user's line that called it
+    #: (a transformers model's forward is some 40 frames below the handler's ``model(**inputs)``)
+    CALLER_DEPTH = 64
+
+    def _callers_line(self, f: Any) -> str | None:
+        """The user's own line that called the library code a thread is in (``f``: the frame
+        below it), None when no user frame is below: the line a user can change.
+        ``collections/__init__.py:690 update`` alone does not say which ``Counter`` it is."""
+        depth = 0
+        while f is not None and depth < self.CALLER_DEPTH:
+            _, short, user = self._code(f.f_code)
+            if user:
+                return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+            f, depth = f.f_back, depth + 1
         return None
 
     def _waiter(self, frame: Any) -> str | None:
@@ -160,14 +195,10 @@ class StackSampler:
                 return None
             f = f.f_back
         f = f or frame
-        where = f"{self._short(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
-        caller, depth = f, 0
-        while caller is not None and depth < 20:
-            short = self._short(caller.f_code.co_filename)
-            if short in self.user_files and not any(p in caller.f_code.co_filename for p in self._SKIP):
-                return where if caller is f else f"{short}:{caller.f_lineno} {caller.f_code.co_name} (in {where})"
-            caller, depth = caller.f_back, depth + 1
-        return where
+        _, short, user = self._code(f.f_code)
+        where = f"{short}:{f.f_lineno} {f.f_code.co_name}"
+        caller = None if user else self._callers_line(f.f_back)
+        return where if caller is None else f"{caller} (in {where})"
 
     _LIB_DIRS = tuple(
         sorted({os.path.join(p, "") for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
@@ -192,8 +223,9 @@ class StackSampler:
         return hot_spot.split(":", 1)[0] in self.user_files
 
     def line_of(self, hot_spot: str) -> str | None:
-        """The source text of a hot spot's top line when it is the user's own (``x = np.array(list(img.getdata()))``)."""
-        where = hot_spot.split(" ", 1)[0]
+        """The source text of a hot spot's top line when it is the user's own (``x = np.array(list(img.getdata()))``),
+        or of the user's line that called the library code it is in."""
+        where = hot_spot.split(";", 1)[0].split(CALLED_FROM)[-1].split(" ", 1)[0]
         short, _, line = where.rpartition(":")
         path = self._user_paths.get(short)
         if path is None or not line.isdigit():

@@ -14,6 +14,7 @@ from typing import Any
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 from ..doctor.failures import known_failure
+from ..doctor.sampler import CALLED_FROM
 from .idioms import load_once_fix, repeated_fix, warmup_fix
 from .savings import Saving, measured_or_estimated, severity
 
@@ -350,10 +351,14 @@ def _where(hot: str) -> str:
     return hot.split(";")[0].strip().split(" (")[0]
 
 
-def _own_line(where: str, line: str) -> str | None:
-    """The user's own hot line quoted, with the idiom that replaces it (None: no idiom fits)."""
+def _own_line(where: str, line: str, library: str = "") -> str | None:
+    """The user's own hot line quoted, with the idiom that replaces it (None: no idiom fits);
+    with ``library``, the hot spot is that library code, and ``where`` is the user's line that calls it."""
     idiom = next((fix for keys, fix in _LINE_FIXES if any(k in line for k in keys)), None)
-    return f"# the hot spot is your own line, {where.split(' ')[0]}:\n#     {line}\n{idiom}" if idiom is not None else None
+    if idiom is None:
+        return None
+    said = f"in {library}, called from your line {where.split(' ')[0]}" if library else f"your own line, {where.split(' ')[0]}"
+    return f"# the hot spot is {said}:\n#     {line}\n{idiom}"
 
 
 def own_line_fix(ev: Evidence) -> str | None:
@@ -377,6 +382,7 @@ def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | Non
     own = _own_line(where, line) if user_code and line else None
     if own is not None:
         return own
+    library, called, caller = where.partition(CALLED_FROM)  # library code, called from the user's line
     if "pandas" in hot:
         return (
             f"# the hot spot is pandas ({where}): a DataFrame built per request costs far more than the model\n"
@@ -391,6 +397,11 @@ def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | Non
         )
     if any(k in hot for k in ("tolist", "jsonable_encoder", "json", "encoders.py", "render")):
         return _STAGE_FIX["serialize"] if stage_name == "serialize" else _STAGE_FIX["postprocess"]
+    if called and line:
+        own = _own_line(caller, line, library)  # the user's call is the line to change (`df.apply(f, axis=1)`)
+        if own is not None:
+            return own
+        return f"# the hot spot is library code ({where}), called from your line:\n#     {line}\n{_STAGE_FIX[stage_name]}"
     if user_code:  # (what the code does is not known: each way out is said as a question)
         quoted = f"\n#     {line}" if line else ""
         return (
