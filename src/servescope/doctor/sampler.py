@@ -239,21 +239,23 @@ class StackSampler:
         best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
         return "; ".join(f"{w} ({c * 100 // n}% of the time, {samples or n} samples)" for w, c in best)
 
+    def _inside(self, spans: list[tuple[int, int]]) -> Iterator[tuple[int, int, str | None, int]]:
+        """The samples whose time falls in one of ``spans`` (time windows, ns)."""
+        spans = sorted(spans)
+        starts = [lo for lo, _ in spans]
+        for sample in self.samples if spans else ():
+            i = bisect.bisect_right(starts, sample[0]) - 1
+            if i >= 0 and sample[0] <= spans[i][1]:
+                yield sample
+
     def hot_spots(self, windows: dict[str, list[tuple[int, int]]], top: int = 2) -> dict[str, str]:
         """Per stage: the top frames among the working samples inside its windows."""
         out = {}
         for stage_name, spans in windows.items():
-            if not spans:
-                continue
-            spans = sorted(spans)
-            starts = [lo for lo, _ in spans]
             counts: dict[str, int] = {}
             n = total = 0
-            for t, _, where, dt in self.samples:
-                if where is None:
-                    continue
-                i = bisect.bisect_right(starts, t) - 1
-                if i >= 0 and t <= spans[i][1]:
+            for _, _, where, dt in self._inside(spans):
+                if where is not None:
                     counts[where] = counts.get(where, 0) + dt
                     total += dt
                     n += 1
@@ -267,15 +269,11 @@ class StackSampler:
         spent mostly waiting names the little that ran, not where the time went. Counted per
         thread (the pool's idle threads wait all along), by sweeps (a late sweep's time may
         fall outside the window). None with fewer than 3 sweeps on any thread."""
-        spans = sorted(spans)
-        starts = [lo for lo, _ in spans]
         seen: dict[int, list[int]] = {}
-        for t, tid, where, _ in self.samples:
-            i = bisect.bisect_right(starts, t) - 1
-            if i >= 0 and t <= spans[i][1]:
-                c = seen.setdefault(tid, [0, 0])
-                c[0] += where is not None
-                c[1] += 1
+        for _, tid, where, _ in self._inside(spans):
+            c = seen.setdefault(tid, [0, 0])
+            c[0] += where is not None
+            c[1] += 1
         shares = [w / n for w, n in seen.values() if n >= 3]
         return max(shares) if shares else None
 
