@@ -185,6 +185,8 @@ def test_a_fix_that_never_takes_effect_is_not_tried():
     fix.hits, fix.no_effect = (lambda: 0), "no loader was called twice with the same arguments"
     w = lab(ep).compare(fix)
     assert not w.tried and "never took effect: no loader" in w.why_not
+    # it is given up after its first pair of blocks, not timed through every pair the time allows
+    assert ep.n <= 2 + 1 + 2 * lab(ep)._requests_per_block(ep.base_ms), ep.n
 
 
 def test_a_fix_that_holds_too_much_memory_is_abandoned(monkeypatch):
