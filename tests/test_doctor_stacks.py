@@ -310,9 +310,18 @@ def test_a_hot_spot_in_library_code_names_the_users_line_that_called_it():
     assert "called from your line" in fix and "tf = Counter(toks)" in fix
     fix = fix_for_hot_spot("postprocess", "statistics.py:200 mean, called from app.py:31 rank (40% of the time, 20 samples)", False, "top = sorted(scores)[:5]")
     assert "np.argpartition" in fix and "app.py:31" in fix
+    # a frame between lines (f_lineno None in Python 3.11) is put on its function's first line
+    from types import SimpleNamespace
+
+    from servescope.doctor.sampler import _place
+
+    assert _place("difflib.py", SimpleNamespace(f_lineno=None, f_code=_count_words.__code__)) == f"difflib.py:{line - 3} _count_words"
     # library-specific fixes keep their place
     fix = fix_for_hot_spot("preprocess", "pandas/core/frame.py:700 __init__, called from app.py:27 features (60% of the time, 40 samples)", False, "df = pd.DataFrame(rows)")
     assert "np.asarray" in fix
+    # ... and are read from the libraries' frames, not from the names of the user's file or function
+    fix = fix_for_hot_spot("preprocess", "collections/__init__.py:690 update, called from json_api.py:29 render_tags (60% of the time, 40 samples)", False, "tags = Counter(words)")
+    assert "orjson" not in fix and "tags = Counter(words)" in fix
 
 
 def test_an_estimator_called_on_nested_lists_is_replayed_at_other_batch_sizes():

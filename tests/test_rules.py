@@ -131,6 +131,16 @@ def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
     assert diagnose_evidence(tiny).findings == []  # batching would not move it
 
 
+def test_no_batching_whose_fix_was_tried_and_gained_nothing_is_info():
+    # the batch probe's per-item gain is real, but batching the endpoint's calls saved nothing
+    # (Python work before the model held the GIL): by the doctor's own thresholds, info
+    ev = healthy(concurrent__forwards=forwards(count=48))
+    ev.experiments["batching"] = WhatIf(fix="f", tried=True, pairs=5, concurrency=8, base_p50_ms=171.0, fixed_p50_ms=191.0,
+                                        saving_ms=-14.1, low_ms=-29.1, high_ms=-2.7)  # fmt: skip
+    [f] = diagnose_evidence(ev).findings
+    assert f.id == "no-batching" and f.severity == "info" and "no gain" in f.detail
+
+
 def test_streams_that_each_run_their_own_decoding_loop_are_named_with_a_batched_step_fix():
     ev = healthy(concurrent__forwards=forwards(count=48 * 16, per_request=16.0), warm__first_chunk_p50_ms=3.0,
                  warm__forwards=forwards(per_request=16.0))  # fmt: skip

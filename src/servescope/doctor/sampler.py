@@ -28,6 +28,13 @@ __all__ = ["CALLED_FROM", "StackSampler"]
 CALLED_FROM = ", called from "
 
 
+def _place(short: str, frame: Any) -> str:
+    """``file:line function``; a frame between lines (``f_lineno`` None: an instruction with no
+    line of its own, as Python 3.11 has) is put on its function's first line."""
+    line = frame.f_lineno
+    return f"{short}:{line if line is not None else frame.f_code.co_firstlineno} {frame.f_code.co_name}"
+
+
 class StackSampler:
     """Every ``interval`` it notes, for each thread, the innermost frame outside servescope
     and the threading machinery (``None`` when the thread is waiting: in a selector, a queue,
@@ -162,7 +169,7 @@ class StackSampler:
         while f is not None:
             skipped, short, user = self._code(f.f_code)
             if not skipped:
-                where = f"{short}:{f.f_lineno} {f.f_code.co_name}"
+                where = _place(short, f)
                 caller = None if user else self._callers_line(f.f_back)
                 return where if caller is None else f"{where}{CALLED_FROM}{caller}"
             f = f.f_back
@@ -180,7 +187,7 @@ class StackSampler:
         while f is not None and depth < self.CALLER_DEPTH:
             _, short, user = self._code(f.f_code)
             if user:
-                return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+                return _place(short, f)
             f, depth = f.f_back, depth + 1
         return None
 
@@ -196,7 +203,7 @@ class StackSampler:
             f = f.f_back
         f = f or frame
         _, short, user = self._code(f.f_code)
-        where = f"{short}:{f.f_lineno} {f.f_code.co_name}"
+        where = _place(short, f)
         caller = None if user else self._callers_line(f.f_back)
         return where if caller is None else f"{caller} (in {where})"
 

@@ -9,6 +9,7 @@ nothing measurable). A rule that needs a measurement the run does not have calls
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..doctor.evidence import Evidence, MissingEvidence
@@ -383,6 +384,7 @@ def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | Non
     if own is not None:
         return own
     library, called, caller = where.partition(CALLED_FROM)  # library code, called from the user's line
+    hot = re.sub(CALLED_FROM + r"[^;(]*", "", hot)  # (the libraries' frames alone say which library it is)
     if "pandas" in hot:
         return (
             f"# the hot spot is pandas ({where}): a DataFrame built per request costs far more than the model\n"
@@ -401,7 +403,7 @@ def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | Non
         own = _own_line(caller, line, library)  # the user's call is the line to change (`df.apply(f, axis=1)`)
         if own is not None:
             return own
-        return f"# the hot spot is library code ({where}), called from your line:\n#     {line}\n{_STAGE_FIX[stage_name]}"
+        return f"# the hot spot is library code ({library}), called from your line {caller.split(' ')[0]}:\n#     {line}\n{_STAGE_FIX[stage_name]}"
     if user_code:  # (what the code does is not known: each way out is said as a question)
         quoted = f"\n#     {line}" if line else ""
         return (

@@ -86,7 +86,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
     return [
         Finding(
             "no-batching",
-            saving.severity() if saving.ms else "low",
+            saving.severity() if saving.ms or saving.basis == "measured" else "low",  # (measured: no gain is info)
             "Concurrent streams each decode alone: every step is a batch-of-one forward"
             if decoding else "Concurrent requests each run their own batch-of-one forward",
             {
