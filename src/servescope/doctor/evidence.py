@@ -312,6 +312,9 @@ class Evidence:
     hot_spots_in_user_code: dict[str, bool] = field(default_factory=dict)
     #: stage -> the source text of its hot spot's top line, when that line is the user's own
     hot_lines: dict[str, str] = field(default_factory=dict)
+    #: stage -> each place among its hot spot's top ones that is the user's own line (or the
+    #: user's line that called the library code there): ``file:line`` -> its source text
+    hot_spot_lines: dict[str, dict[str, str]] = field(default_factory=dict)
     #: the endpoint's own exceptions as its server logged them (doctor/failures.py), each once
     app_exceptions: list[str] = field(default_factory=list)
     seconds: float = 0.0

@@ -470,6 +470,7 @@ class _Run:
             hot_spots=hot,
             hot_spots_in_user_code={k: self.sampler.is_user_code(v) for k, v in hot.items()},
             hot_lines={k: line for k, v in hot.items() if (line := self.sampler.line_of(v))},
+            hot_spot_lines={k: lines for k, v in hot.items() if (lines := self.sampler.own_lines(v))},
             app_exceptions=self.exceptions.summaries(),
             seconds=round(time.perf_counter() - self.started, 2),
             missing=self.missing,

@@ -239,6 +239,16 @@ class StackSampler:
             return None
         return linecache.getline(path, int(line)).strip() or None
 
+    def own_lines(self, hot_spot: str) -> dict[str, str]:
+        """Each of a hot spot's places (``; ``-separated) that is the user's own line, or the
+        user's line that called the library code it is in: ``file:line`` -> its source text."""
+        out = {}
+        for entry in hot_spot.split("; "):
+            line = self.line_of(entry)
+            if line is not None:
+                out[entry.split(CALLED_FROM)[-1].split(" ", 1)[0]] = line
+        return out
+
     @staticmethod
     def _top(counts: dict[str, int], n: int, top: int, samples: int | None = None) -> str:
         """The ``top`` frames by their time (``counts``: ns, of ``n`` in all) and, said beside,

@@ -366,21 +366,46 @@ def own_line_fix(ev: Evidence) -> str | None:
     """The idiom for the user's own hot line in the stage that takes longest of those whose hot
     line the sampler found in their code (gil-contention's fix names it too: the Python work
     that holds the GIL is that line)."""
-    stages = sorted(ev.hot_lines, key=lambda n: -((ev.stages.get(n) or {}).get("share") or 0.0))
+    stages = sorted(set(ev.hot_lines) | set(ev.hot_spot_lines), key=lambda n: -((ev.stages.get(n) or {}).get("share") or 0.0))
     for name in stages:
         hot, line = ev.hot_spots.get(name), ev.hot_lines.get(name)
-        if hot and line and ev.hot_spots_in_user_code.get(name, False):
-            own = _own_line(_where(hot), line)
-            if own is not None:
-                return own
+        own = _own_line(_where(hot), line) if hot and line and ev.hot_spots_in_user_code.get(name, False) else None
+        if own is None and hot:
+            own = _next_place_fix(hot, ev.hot_spot_lines.get(name, {}))
+        if own is not None:
+            return own
     return None
 
 
-def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | None = None) -> str:
+#: a place after the first in a hot spot, with this share of the time or more, may be the one
+#: whose idiom is quoted: a C call that holds the GIL is sometimes sampled on the line after it
+#: (the first GIL release is there), which then comes first with no idiom of its own
+NEXT_PLACE_SHARE = 25
+
+
+def _next_place_fix(hot: str, lines: dict[str, str]) -> str | None:
+    """The idiom of the first user's line after the top place of ``hot`` that has one and
+    holds ``NEXT_PLACE_SHARE``% of the time or more."""
+    for entry in hot.split("; ")[1:]:
+        share = re.search(r"\((\d+)% of the time", entry)
+        place = entry.split(" (")[0]
+        library, _, caller = place.partition(CALLED_FROM)
+        text = lines.get((caller or library).split(" ")[0])
+        if share and int(share.group(1)) >= NEXT_PLACE_SHARE and text:
+            own = _own_line(caller, text, library) if caller else _own_line(library, text)
+            if own is not None:
+                return own.replace(":\n", f" ({share.group(1)}% of the time, second in the hot spot):\n", 1)
+    return None
+
+
+def fix_for_hot_spot(stage_name: str, hot: str, user_code: bool, line: str | None = None, lines: dict[str, str] | None = None) -> str:
     """The fix that fits what the stage's hot spot is, naming the user's line (and, with
-    ``line``, its text) where it is theirs."""
+    ``line``, its text) where it is theirs; with ``lines`` (each of the hot spot's places that
+    is the user's line -> its text), an idiom that fits a line in second place is quoted too."""
     where = _where(hot)
     own = _own_line(where, line) if user_code and line else None
+    if own is None and lines:
+        own = _next_place_fix(hot, lines)
     if own is not None:
         return own
     library, called, caller = where.partition(CALLED_FROM)  # library code, called from the user's line
@@ -437,7 +462,10 @@ def slow_stages(ev: Evidence) -> list[Finding]:
         evidence = {"mean_ms": mean, "p50_ms": s.get("p50_ms"), "p95_ms": s["p95_ms"], "share": share}
         if ev.hot_spots.get(name):
             evidence["hot_spot"] = ev.hot_spots[name]
-        fix = fix_for_hot_spot(name, ev.hot_spots[name], ev.hot_spots_in_user_code.get(name, False), ev.hot_lines.get(name)) if ev.hot_spots.get(name) else _STAGE_FIX[name]
+        fix = (
+            fix_for_hot_spot(name, ev.hot_spots[name], ev.hot_spots_in_user_code.get(name, False), ev.hot_lines.get(name), ev.hot_spot_lines.get(name))
+            if ev.hot_spots.get(name) else _STAGE_FIX[name]
+        )  # fmt: skip
         title = f"{_STAGE_WORDS[name]} takes {share * 100:.0f}% of each request"
         if typical is None:  # (the share is known, the milliseconds are not: sized as a share)
             out.append(Finding(fid, severity(STAGE_SAVED * share, 1.0), title, evidence, fix=fix))
