@@ -437,6 +437,15 @@ def test_a_fix_that_gains_nothing_measured_says_so_and_ranks_by_what_else_it_cos
     [f] = diagnose_evidence(on_loop).findings
     assert f.id == "event-loop-blocked" and f.saving_ms is None and "no gain" in f.detail
     assert f.severity == "medium" and "120 ms at a stretch" in f.detail  # a health check waits that long
+    # more requests a second, the median wait no lower: not "nothing faster"
+    assert "does not lower the p50 here, though it served 1.10x the requests a second" in f.detail
+    on_loop.experiments["off-the-loop"].fixed_rps = 63.0  # (within the blocks' noise)
+    [f] = diagnose_evidence(on_loop).findings
+    assert "does not make this endpoint faster" in f.detail
+    on_loop.experiments["off-the-loop"].fixed_rps = 72.0
+    [f] = diagnose_evidence(on_loop).findings
+    assert "does not lower the p50 here, though it served 1.20x the requests a second" in f.detail
+    assert "does not make this endpoint faster" not in f.detail
 
 
 def test_savings_at_different_loads_are_capped_apart():

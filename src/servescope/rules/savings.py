@@ -18,6 +18,8 @@ BUSY_CORES = 0.5
 #: the unchanged endpoint's p50 in an experiment's blocks and on its own further apart than
 #: this factor: the machine's speed moved, and the saving in ms is said to hold at the blocks'
 SPEED_MOVED = 1.5
+#: a fix whose blocks served this many times the requests a second is not said to make nothing faster
+THROUGHPUT_GAIN = 1.1
 
 
 def severity(saving_ms: float, p50_ms: float) -> str:
@@ -117,7 +119,12 @@ def _measured(w: WhatIf, experiment: str, endpoint_p50_ms: float | None = None) 
     gain = (
         f"{_ms(w.saving_ms or 0.0)} ms per request{interval}"
         if (w.saving_ms or 0.0) > 0
-        else f"no gain ({_ms(w.saving_ms or 0.0)} ms per request{interval}): the fix does not make this endpoint faster here"
+        else f"no gain ({_ms(w.saving_ms or 0.0)} ms per request{interval}): " + (
+            # (at c=N a fix may serve more requests a second and still not lower the median wait)
+            f"the fix does not lower the p50 here, though it served {w.fixed_rps / w.base_rps:.2f}x the requests a second"
+            if w.base_rps and w.fixed_rps and w.fixed_rps >= THROUGHPUT_GAIN * w.base_rps
+            else "the fix does not make this endpoint faster here"
+        )
     )
     busy = ""
     moved = _speed_moved(w, endpoint_p50_ms)
