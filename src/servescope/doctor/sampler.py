@@ -22,10 +22,16 @@ from typing import Any, Iterator
 
 from .evidence import LoopActivity
 
-__all__ = ["CALLED_FROM", "StackSampler"]
+__all__ = ["CALLED_FROM", "StackSampler", "user_place"]
 
 #: between a library's line and the user's line that called it, in a hot spot
 CALLED_FROM = ", called from "
+
+
+def user_place(entry: str) -> str:
+    """The ``file:line`` a user can change in one hot-spot entry: the user's line that called
+    the library code it is in, else its own frame's."""
+    return entry.split(" (")[0].split(CALLED_FROM)[-1].split(" ", 1)[0]
 
 
 def _place(short: str, frame: Any) -> str:
@@ -232,8 +238,7 @@ class StackSampler:
     def line_of(self, hot_spot: str) -> str | None:
         """The source text of a hot spot's top line when it is the user's own (``x = np.array(list(img.getdata()))``),
         or of the user's line that called the library code it is in."""
-        where = hot_spot.split(";", 1)[0].split(CALLED_FROM)[-1].split(" ", 1)[0]
-        short, _, line = where.rpartition(":")
+        short, _, line = user_place(hot_spot.split(";", 1)[0]).rpartition(":")
         path = self._user_paths.get(short)
         if path is None or not line.isdigit():
             return None
@@ -246,7 +251,7 @@ class StackSampler:
         for entry in hot_spot.split("; "):
             line = self.line_of(entry)
             if line is not None:
-                out[entry.split(CALLED_FROM)[-1].split(" ", 1)[0]] = line
+                out[user_place(entry)] = line
         return out
 
     @staticmethod

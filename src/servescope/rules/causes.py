@@ -15,7 +15,7 @@ from typing import Any
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 from ..doctor.failures import known_failure
-from ..doctor.sampler import CALLED_FROM
+from ..doctor.sampler import CALLED_FROM, user_place
 from .idioms import load_once_fix, repeated_fix, warmup_fix
 from .savings import Saving, measured_or_estimated, severity
 
@@ -352,14 +352,15 @@ def _where(hot: str) -> str:
     return hot.split(";")[0].strip().split(" (")[0]
 
 
-def _own_line(where: str, line: str, library: str = "") -> str | None:
+def _own_line(where: str, line: str, library: str = "", rank: str = "") -> str | None:
     """The user's own hot line quoted, with the idiom that replaces it (None: no idiom fits);
-    with ``library``, the hot spot is that library code, and ``where`` is the user's line that calls it."""
+    with ``library``, the hot spot is that library code, and ``where`` is the user's line that
+    calls it; ``rank`` is said after the place (its share, where it is not first)."""
     idiom = next((fix for keys, fix in _LINE_FIXES if any(k in line for k in keys)), None)
     if idiom is None:
         return None
     said = f"in {library}, called from your line {where.split(' ')[0]}" if library else f"your own line, {where.split(' ')[0]}"
-    return f"# the hot spot is {said}:\n#     {line}\n{idiom}"
+    return f"# the hot spot is {said}{rank}:\n#     {line}\n{idiom}"
 
 
 def own_line_fix(ev: Evidence) -> str | None:
@@ -388,13 +389,13 @@ def _next_place_fix(hot: str, lines: dict[str, str]) -> str | None:
     holds ``NEXT_PLACE_SHARE``% of the time or more."""
     for entry in hot.split("; ")[1:]:
         share = re.search(r"\((\d+)% of the time", entry)
-        place = entry.split(" (")[0]
-        library, _, caller = place.partition(CALLED_FROM)
-        text = lines.get((caller or library).split(" ")[0])
+        text = lines.get(user_place(entry))
         if share and int(share.group(1)) >= NEXT_PLACE_SHARE and text:
-            own = _own_line(caller, text, library) if caller else _own_line(library, text)
+            library, _, caller = entry.split(" (")[0].partition(CALLED_FROM)
+            rank = f" ({share.group(1)}% of the time, second in the hot spot)"
+            own = _own_line(caller, text, library, rank) if caller else _own_line(library, text, rank=rank)
             if own is not None:
-                return own.replace(":\n", f" ({share.group(1)}% of the time, second in the hot spot):\n", 1)
+                return own
     return None
 
 
