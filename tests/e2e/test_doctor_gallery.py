@@ -39,6 +39,9 @@ EXPECTED = {
     # scikit-learn; the Starlette endpoint is `async def`, so its pandas work also holds the loop
     "sklearn_pandas_starlette.py:app": {"slow-preprocess", "event-loop-blocked"},
     "sklearn_healthy_function.py:predict": set(),
+    # scikit-learn: a request's rows scored one `predict_proba([row])` at a time (one call for all
+    # of them is tried: per-item-calls), and concurrent requests never share a call either
+    "sklearn_per_row_function.py:predict": {"per-item-calls", "no-batching"},
     "sklearn_healthy_fastapi.py:app": set(),
     # Pillow: the pixels read as a Python list (the fix quotes that line: test below)
     "image_getdata_fastapi.py:app": {"slow-preprocess"},
@@ -73,6 +76,9 @@ MAY_ALSO = {
     # predict_proba on one row costs 0.12-0.24 ms an item against the 0.2-ms floor a forward must
     # clear (16x less an item at batch 16): named, low, in 1 of 5 fresh clones (session 19)
     "sklearn_pandas_starlette.py:app": {"no-batching"},
+    # a forest's predict_proba is Python around its trees: 8 callers got 0.66x the throughput of
+    # one on a quiet machine (true), not judged where the cores are busy (session 20)
+    "sklearn_per_row_function.py:predict": {"gil-contention"},
 }
 
 #: the payload and route of the examples that do not take x256.json at /predict
@@ -83,6 +89,7 @@ ARGS = {
     "st_healthy_function.py:predict": ("texts16.json", "/predict"),
     "onnx_healthy_batch.py:predict": ("rows16.json", "/predict"),
     "sklearn_healthy_function.py:predict": ("rows16.json", "/predict"),
+    "sklearn_per_row_function.py:predict": ("rows16.json", "/predict"),
     "onnx_healthy_flask.py:app": ("rows16.json", "/predict"),
     "sklearn_healthy_fastapi.py:app": ("rows16.json", "/predict"),
     "image_getdata_fastapi.py:app": ("image.json", "/predict"),
@@ -159,6 +166,8 @@ def test_the_doctor_names_exactly_the_causes_present(target, tmp_path_factory):
             assert "make the generator a plain `def`" in f["fix"] and "first chunk" in f["saving_load"]
         if target == "gpt2_stream_fastapi.py:app":  # each cause in a streaming endpoint's own terms
             assert "decode alone" in f["title"] if f["id"] == "no-batching" else "inference_mode" in f["fix"]
+        if target == "sklearn_per_row_function.py:predict" and f["id"] == "per-item-calls":  # the rows in one call, tried
+            assert "predict_proba(np.vstack(rows))" in f["fix"] and f["saving_basis"] == "measured" and f["saving_load"] == "c=1"
         if target == "tfidf_search_fastapi.py:app" and f["id"] == "repeated-work":  # scikit-learn's call, in its own idiom, measured
             assert "TfidfVectorizer.transform" in f["fix"] and "torch" not in f["fix"] and f["saving_basis"] == "measured"
     assert "Baseline p50 latency" in p.stdout

@@ -239,6 +239,11 @@ class Environment:
     omp_wait_policy: str | None = None
 
 
+#: why one call for a request's items was not tried when each model object was called once a
+#: request (a chain of models, not a loop over items): nothing to merge, and nothing to say
+ONE_CALL_EACH = "each model was called once a request: there are no items to run as one call"
+
+
 @dataclass
 class WhatIf:
     """One fix tried on the running endpoint: blocks of requests with the fix applied (B)

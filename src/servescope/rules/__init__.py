@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes, concurrency, generation, openmp
+from . import causes, concurrency, generation, items, openmp
 from .savings import severity
 
 Rule = Callable[[Evidence], list[Finding]]
@@ -27,6 +27,7 @@ RULES: dict[str, Rule] = {
     "model-not-on-accelerator": causes.model_not_on_accelerator,
     "repeated-transfer": causes.repeated_transfer,
     "repeated-work": causes.repeated_work,
+    "per-item-calls": items.per_item_calls,
     "no-batching": concurrency.no_batching,
     "padding-waste": causes.padding_waste,
     "training-mode": causes.training_mode,
@@ -72,6 +73,7 @@ SAVING_RANKED = {
     "model-load-per-request",
     "repeated-transfer",
     "repeated-work",
+    "per-item-calls",
     "no-batching",
     "padding-waste",
     "grad-enabled",

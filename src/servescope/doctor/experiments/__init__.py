@@ -14,6 +14,7 @@ from typing import Callable
 from ..evidence import Evidence, WhatIf
 from .batching import batch_calls
 from .forward import eval_mode, inference_mode, memoise_repeated, trim_padding
+from .items import batch_items
 from .lab import Abandon, Fix, Lab
 from .loaders import memoise_loaders
 from .loop import off_the_loop
@@ -26,6 +27,7 @@ Experiment = Callable[[Evidence, Lab, Seen], "WhatIf | None"]
 EXPERIMENTS: dict[str, Experiment] = {
     "memoise-loaders": memoise_loaders,
     "memoise-repeated": memoise_repeated,
+    "batch-items": batch_items,
     "trim-padding": trim_padding,
     "inference-mode": inference_mode,
     "eval-mode": eval_mode,

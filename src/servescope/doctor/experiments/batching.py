@@ -19,17 +19,18 @@ import time
 from typing import Any, Callable
 
 from ..evidence import Evidence, WhatIf
+from ..inputs import number_rows
 from .answers import close, plain
 from .lab import Fix, Lab
 from .memo import patching
 from .seen import Seen
 
-__all__ = ["batch_calls", "merge", "split"]
+__all__ = ["Mismatch", "batch_calls", "merge", "run_merged", "split"]
 
 MAX_BATCH = 16
 
 
-class _Mismatch(Exception):
+class Mismatch(Exception):
     """Inputs that cannot be stacked into one call."""
 
 
@@ -43,43 +44,45 @@ def _kind(x: Any) -> str:
         return "frame"
     if isinstance(x, list) and x and all(isinstance(v, str) for v in x):
         return "texts"
+    if number_rows(x) is not None:  # model.predict([features]), as scikit-learn's tutorials call it
+        return "rows"
     return ""
 
 
 def _rows(x: Any) -> int:
-    return len(x) if _kind(x) in ("texts", "frame") else int(x.shape[0])
+    return len(x) if _kind(x) in ("texts", "rows", "frame") else int(x.shape[0])
 
 
 def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
     """The items' inputs stacked along the first axis, and each item's row count (from its
-    first batched leaf). Raises ``_Mismatch`` when they do not line up."""
+    first batched leaf). Raises ``Mismatch`` when they do not line up."""
     first = items[0]
     kind = _kind(first)
     if kind:
         if any(_kind(x) != kind for x in items):
-            raise _Mismatch("mixed input types")
+            raise Mismatch("mixed input types")
         rows = [_rows(x) for x in items]
-        if kind == "texts":
+        if kind in ("texts", "rows"):
             return [t for x in items for t in x], rows
         if kind == "frame":
             pd = sys.modules["pandas"]  # the frame's own library: already loaded, never a dependency of ours
             return pd.concat(items, ignore_index=True), rows
         if any(x.shape[1:] != first.shape[1:] or x.dtype != first.dtype for x in items):
-            raise _Mismatch("different shapes")
+            raise Mismatch("different shapes")
         if kind == "tensor":
             import torch
 
             if any(x.device != first.device for x in items):
-                raise _Mismatch("different devices")
+                raise Mismatch("different devices")
             return torch.cat(list(items), 0), rows
         import numpy as np
 
         return np.concatenate(items, 0), rows
     if depth > 4:
-        raise _Mismatch("too deep")
+        raise Mismatch("too deep")
     if isinstance(first, dict):
         if any(not isinstance(x, dict) or x.keys() != first.keys() for x in items):
-            raise _Mismatch("different keys")
+            raise Mismatch("different keys")
         out, rows = {}, None
         for k in first:
             out[k], r = merge([x[k] for x in items], depth + 1)
@@ -91,7 +94,7 @@ def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
         return merged, rows or [0] * len(items)
     if isinstance(first, (list, tuple)):
         if any(type(x) is not type(first) or len(x) != len(first) for x in items):
-            raise _Mismatch("different lengths")
+            raise Mismatch("different lengths")
         parts, rows = [], None
         for i in range(len(first)):
             p, r = merge([x[i] for x in items], depth + 1)
@@ -99,7 +102,7 @@ def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
             rows = rows or (r if any(r) else None)
         return type(first)(parts), rows or [0] * len(items)
     if any(not _equal(x, first) for x in items):
-        raise _Mismatch("different options")
+        raise Mismatch("different options")
     return first, [0] * len(items)
 
 
@@ -117,7 +120,7 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
     kind = _kind(out)
     if kind or (hasattr(out, "shape") and getattr(out, "ndim", 0) > 0):
         if _rows(out) != total:
-            raise _Mismatch("the output has no batch axis")
+            raise Mismatch("the output has no batch axis")
         bounds, at = [], 0
         for r in rows:
             bounds.append((at, at + r))
@@ -141,6 +144,20 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
         cols = [split(v, rows, depth + 1) for v in out]
         return [type(out)(c[i] for c in cols) if isinstance(out, tuple) else [c[i] for c in cols] for i in range(len(rows))]
     return [out] * len(rows)
+
+
+def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+    """``call`` run once over every call's inputs, merged along the batch axis, and each
+    call's own rows of its output. Raises ``Mismatch`` when the inputs do not line up."""
+    # one text per call (encode("a sentence")): a list of one, and its one row back
+    single = all(args and isinstance(args[0], str) for args, _ in calls)
+    merged_args, rows = merge([(([args[0]],) + args[1:]) if single else args for args, _ in calls])
+    merged_kwargs, krows = merge([kwargs for _, kwargs in calls])
+    rows = rows if any(rows) else krows
+    if not any(rows):
+        raise Mismatch("no batch axis")
+    out = split(call(*merged_args, **merged_kwargs), rows)
+    return [o[0] for o in out] if single else out
 
 
 class _Call:
@@ -214,24 +231,14 @@ class Batcher:
     def _run(self, batch: list[_Call]) -> None:
         if len(batch) > 1 and not self.broken:
             try:
-                # one text per call (encode("a sentence")): a list of one, and its one row back
-                single = all(c.args and isinstance(c.args[0], str) for c in batch)
-                args = [(([c.args[0]],) + c.args[1:]) if single else c.args for c in batch]
-                merged_args, rows = merge(args)
-                merged_kwargs, krows = merge([c.kwargs for c in batch])
-                rows = rows if any(rows) else krows
-                if not any(rows):
-                    raise _Mismatch("no batch axis")
-                out = split(self.call(*merged_args, **merged_kwargs), rows)
-                if single:
-                    out = [o[0] for o in out]
+                out = run_merged(self.call, [(c.args, c.kwargs) for c in batch])
                 if not self.checked:
                     self._check(batch[0], out[0])
                 for c, o in zip(batch, out):
                     c.result, c.done = o, True
                 self.merged += 1
                 return
-            except _Mismatch:
+            except Mismatch:
                 pass
             except Exception as exc:  # the merged call failed: each caller runs alone, as written
                 self.broken = self.broken or f"{type(exc).__name__}: {exc}"[:200]
@@ -250,7 +257,7 @@ class Batcher:
         ok, _ = close(plain(self.call(*first.args, **first.kwargs)), plain(rows))
         if not ok:
             self.broken = "a caller's rows of the batched call differ from its input run alone"
-            raise _Mismatch(self.broken)
+            raise Mismatch(self.broken)
 
 
 def batch_calls(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:

@@ -12,7 +12,7 @@ from .lab import Fix, Lab
 from .memo import patching
 from .seen import Seen
 
-__all__ = ["eval_mode", "inference_mode", "memoise_repeated", "trim_padding"]
+__all__ = ["eval_mode", "inference_mode", "is_seq", "map_tensors", "mask_of", "memoise_repeated", "trim_padding"]
 
 
 def _wrap_each(targets: list[tuple[Any, str]], make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], Callable[[], None]]:
@@ -94,7 +94,7 @@ def trim_padding(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
 
     def make(forward: Callable[..., Any]) -> Callable[..., Any]:
         def trimmed(*args: Any, **kwargs: Any) -> Any:
-            mask = _mask(args, kwargs)
+            mask = mask_of(args, kwargs)
             if mask is None or mask.dim() != 2:
                 return forward(*args, **kwargs)
             used = (mask != 0).any(0).nonzero()
@@ -104,17 +104,17 @@ def trim_padding(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
             if hi - lo == length:
                 return forward(*args, **kwargs)
             count[0] += 1
-            cut = lambda t: t[:, lo:hi] if _is_seq(torch, t, length) else t  # noqa: E731
-            out = forward(*_map(args, cut), **_map(kwargs, cut))
+            cut = lambda t: t[:, lo:hi] if is_seq(torch, t, length) else t  # noqa: E731
+            out = forward(*map_tensors(args, cut), **map_tensors(kwargs, cut))
 
             def back(t: Any) -> Any:
-                if not _is_seq(torch, t, hi - lo):
+                if not is_seq(torch, t, hi - lo):
                     return t
                 full = t.new_zeros((t.shape[0], length, *t.shape[2:]))
                 full[:, lo:hi] = t
                 return full
 
-            return _map(out, back)
+            return map_tensors(out, back)
 
         return trimmed
 
@@ -152,7 +152,7 @@ def memoise_repeated(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     return lab.compare(Fix("memoise-repeated", "the repeated call answered from memory", apply, hits=lambda: count[0], release=memory.clear))
 
 
-def _mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def mask_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     m = kwargs.get("attention_mask")
     if m is None and args and isinstance(args[0], dict):
         m = args[0].get("attention_mask")
@@ -161,20 +161,20 @@ def _mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return m if hasattr(m, "dim") else None
 
 
-def _is_seq(torch: Any, t: Any, length: int) -> bool:
+def is_seq(torch: Any, t: Any, length: int) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] == length
 
 
-def _map(obj: Any, fn: Callable[[Any], Any], depth: int = 0) -> Any:
+def map_tensors(obj: Any, fn: Callable[[Any], Any], depth: int = 0) -> Any:
     """``fn`` on every tensor in a structure; dict types (BatchEncoding, ModelOutput) and tuples kept."""
     if depth > 4:
         return obj
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_map(v, fn, depth + 1) for v in obj)
+        return tuple(map_tensors(v, fn, depth + 1) for v in obj)
     if isinstance(obj, list):
-        return [_map(v, fn, depth + 1) for v in obj]
+        return [map_tensors(v, fn, depth + 1) for v in obj]
     if isinstance(obj, dict):
-        mapped = {k: _map(v, fn, depth + 1) for k, v in obj.items()}
+        mapped = {k: map_tensors(v, fn, depth + 1) for k, v in obj.items()}
         if hasattr(obj, "to_tuple"):  # transformers' ModelOutput: a dataclass over a dict
             return obj.__class__(**mapped)
         try:

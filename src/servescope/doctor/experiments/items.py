@@ -1,0 +1,174 @@
+"""A request's items through the model in one call: what ``model.encode(texts)`` would do
+where the endpoint runs ``[model.encode(t) for t in texts]``, tried on the endpoint as
+written, at one client.
+
+The lab sends the same body in every request, so the calls one request makes are the calls
+the next one will make. While applied, the first request's calls to the model object are
+recorded (and run as written); from the next request on, the first of them runs every
+recorded input as one call, merged along the batch axis as the batching experiment merges
+concurrent callers' (batching.py), and each call after it that brings the next recorded
+input is answered with its own rows. A call that brings anything else runs as written.
+Token ids of other lengths (each text tokenized alone) are padded to the longest where each
+call's attention mask hides the padding, and each call's outputs cut back to its length.
+The first merged call's rows are checked against the first input run alone; inputs that do
+not line up (other options: a decoder's steps, each with its cache), and calls that take an
+earlier call's output (``x = model(x)``), are not merged, and the fix is not tried.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+from ..context import current_evidence
+from ..evidence import ONE_CALL_EACH, Evidence, WhatIf
+from ..inputs import fingerprint, leaves
+from .answers import close, plain
+from .batching import Mismatch, run_merged
+from .forward import is_seq, map_tensors, mask_of
+from .lab import Abandon, Fix, Lab
+from .memo import patching
+from .seen import Seen
+
+__all__ = ["batch_items"]
+
+#: most items merged into one call (the request's calls beyond run as written)
+MAX_ITEMS = 256
+
+WORDS = "the request's items run through the model in one call"
+
+
+class Items:
+    """Wraps one bound method for the experiment: learns a request's calls, then runs them as one."""
+
+    def __init__(self, call: Callable[..., Any], inputs_of: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+        self.call, self.inputs_of = call, inputs_of
+        self.plan: list[tuple[str | None, tuple[Any, ...], dict[str, Any]]] = []
+        self.learning = True
+        self.request: Any = None  # the evidence record of the request the last call was made for
+        self.rows: list[Any] = []
+        self.at = 0
+        self.merged = 0  # merged calls run
+        self.broken = ""
+        self.outputs: set[str] = set()  # the learnt request's outputs, array by array
+        self.lock = threading.Lock()
+
+    def _new_request(self, fp: str | None) -> bool:
+        """Is this call the first of another request? By the request's own record where the
+        call runs in one (every request the doctor sends has its own), else by its input."""
+        req = current_evidence()
+        if req is not None:
+            new, self.request = req is not self.request, req
+            return new and bool(self.plan)
+        return bool(self.plan) and fp is not None and fp == self.plan[0][0] and (self.learning or self.at >= len(self.rows))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fp = fingerprint(self.inputs_of(args, kwargs))
+        with self.lock:
+            new = self._new_request(fp)
+            if self.learning and not new:
+                if _prints((args, kwargs)) & self.outputs:
+                    self.broken = "a call's input is an earlier call's output (a loop that feeds its answer back): the calls depend on each other"
+                out = self.call(*args, **kwargs)
+                if len(self.plan) < MAX_ITEMS:
+                    self.plan.append((fp, args, kwargs))
+                    self.outputs |= _prints(out)
+                return out
+            self.learning = False  # the first call of the next request: the plan is whole
+            if self.broken or fp is None:
+                return self.call(*args, **kwargs)
+            if not new and self.at < len(self.rows) and fp == self.plan[self.at][0]:
+                self.at += 1
+                return self.rows[self.at - 1]
+            if not new or fp != self.plan[0][0] or len(self.plan) < 2:
+                self.rows, self.at = [], 0  # (a request that strays from the plan runs as written to its end)
+                return self.call(*args, **kwargs)
+            return self._merged(args, kwargs)
+
+    def _merged(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        calls = [(a, k) for _, a, k in self.plan]
+        try:
+            try:
+                rows = run_merged(self.call, calls)
+            except Mismatch:
+                rows = _padded(self.call, calls)  # (texts tokenized one by one: lengths differ)
+        except Mismatch as exc:
+            self.broken = f"the items' inputs do not line up in one call ({exc})"
+            return self.call(*args, **kwargs)
+        except Exception as exc:  # the merged call failed: the endpoint runs as written
+            self.broken = f"the merged call failed ({type(exc).__name__}: {exc})"[:200]
+            return self.call(*args, **kwargs)
+        if not self.merged:
+            _, a, k = self.plan[0]
+            ok, _ = close(plain(self.call(*a, **k)), plain(rows[0]))
+            if not ok:
+                self.broken = "an item's rows of the merged call differ from its input run alone"
+                return self.call(*args, **kwargs)
+        self.merged += 1
+        self.rows, self.at = rows, 1
+        return rows[0]
+
+
+def _padded(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+    """``run_merged`` over calls whose sequences differ in length, as a tokenizer pads a list
+    of texts: each call's sequence tensors (those as long as its attention mask) padded with
+    zeros on the right to the longest, where its mask hides them, and each call's outputs cut
+    back to its own length. Raises ``Mismatch`` where a call carries no attention mask."""
+    lengths = []
+    for args, kwargs in calls:
+        mask = mask_of(args, kwargs)
+        if mask is None or mask.dim() != 2:
+            raise Mismatch("different shapes, and no attention mask to pad them by")
+        lengths.append(int(mask.shape[1]))
+    longest, torch = max(lengths), sys.modules["torch"]  # (a mask with .dim(): torch is loaded)
+
+    def pad(length: int) -> Callable[[Any], Any]:
+        def one(t: Any) -> Any:
+            if length == longest or not is_seq(torch, t, length):
+                return t
+            full = t.new_zeros((t.shape[0], longest, *t.shape[2:]))
+            full[:, :length] = t
+            return full
+
+        return one
+
+    padded = [(map_tensors(a, pad(n)), map_tensors(k, pad(n))) for (a, k), n in zip(calls, lengths)]
+    rows = run_merged(call, padded)
+    cut = lambda n: lambda t: t[:, :n] if is_seq(torch, t, longest) else t  # noqa: E731
+    return [map_tensors(r, cut(n)) for r, n in zip(rows, lengths)]
+
+
+def _prints(obj: Any) -> set[str]:
+    """A fingerprint of each array in ``obj``."""
+    return {p for _, leaf in leaves(obj) if (p := fingerprint(leaf)) is not None}
+
+
+def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
+    warm = ev.warm
+    if warm is None or warm.forwards.per_request < 2 or warm.forwards.max_batch > 1:
+        return None
+    if warm.first_chunk_p50_ms is not None or warm.recompute_steps_per_request >= 1:
+        return None  # a streamed or decoded answer: its steps depend on each other
+    targets = [(obj, method, inputs_of) for fp, (obj, method, inputs_of) in seen.owners.items() if fp not in seen.constant]
+    targets = list({id(o): (o, m, i) for o, m, i in targets}.values())
+    if not targets:
+        return WhatIf(fix=WORDS, why_not="the object the model calls went to was not kept (built per request)")
+    wrappers = [Items(getattr(obj, method), inputs_of) for obj, method, inputs_of in targets]
+
+    def apply() -> Callable[[], None]:
+        with patching() as patches:
+            for (obj, method, _), w in zip(targets, wrappers):
+                patches.method(obj, method, w)
+        return patches.undo
+
+    def merged() -> int:
+        done = sum(w.merged for w in wrappers)
+        if not done and all(len(w.plan) < 2 for w in wrappers):
+            raise Abandon(ONE_CALL_EACH)
+        broken = next((w.broken for w in wrappers if w.broken), "")
+        if broken and not done:
+            raise Abandon(f"the items could not be run as one call: {broken}")
+        return done
+
+    return lab.compare(Fix("batch-items", WORDS, apply, hits=merged))

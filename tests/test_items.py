@@ -1,0 +1,186 @@
+"""A request's items through the model one call at a time: one call for all of them tried on
+the endpoint as written (doctor/experiments/items.py), and the rule that names it."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from servescope.doctor.endpoints import FunctionEndpoint
+from servescope.doctor.evidence import ONE_CALL_EACH, Evidence, Forwards, MissingEvidence, Warm, WhatIf
+from servescope.doctor.experiments import Lab, Seen
+from servescope.doctor.experiments.items import Items, batch_items
+from servescope.doctor.inputs import fingerprint
+from servescope.rules import diagnose_evidence
+from servescope.rules.items import per_item_calls
+
+
+class Scorer:
+    """A model whose call costs a fixed 4 ms plus 0.1 ms a row (sleeps: no CPU to share)."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.calls.append(len(x))
+        time.sleep(0.004 + 0.0001 * len(x))
+        return x.sum(axis=1) * 2.0
+
+
+def _inputs(args, kwargs):
+    return args
+
+
+def _seen(model: Scorer) -> Seen:
+    fp = fingerprint(np.zeros((1, 3)))
+    return Seen(owners={fp: (model, "predict", _inputs)})
+
+
+def _evidence(per_request: float = 12.0, **warm) -> Evidence:
+    fwd = Forwards(count=int(per_request * 10), per_request=per_request, batch_sizes=[1], max_batch=1, kinds=["scikit-learn"],
+                   calls=["Scorer.predict"])  # fmt: skip
+    return Evidence(target_kind="function", warm=Warm(requests=10, p50_ms=60.0, forwards=fwd, **warm))
+
+
+def _handler(model: Scorer, items: int = 12):
+    def handler(payload):
+        rows = [np.array([[float(i), 1.0, 2.0]]) for i in range(items)]
+        return {"scores": [float(model.predict(r)[0]) for r in rows]}  # one call per item, as written
+
+    return handler
+
+
+def _lab(handler) -> tuple[Lab, FunctionEndpoint]:
+    ep = FunctionEndpoint(handler)
+    ep.start(5.0)
+    return Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), ep
+
+
+def test_one_call_for_a_requests_items_is_measured_on_the_endpoint_as_written():
+    model = Scorer()
+    lab, ep = _lab(_handler(model))
+    try:
+        w = batch_items(_evidence(), lab, _seen(model))
+    finally:
+        ep.stop()
+    # 12 calls of about 4.1 ms against one of about 5.2 ms: about 44 ms a request saved
+    assert w.tried and w.answers == "same" and w.hits and w.hits >= w.pairs, w
+    assert 30.0 <= w.saving_ms <= 80.0 and w.low_ms > 15.0, w
+    assert 12 in model.calls  # the twelve rows went in one call
+    model.calls.clear()
+    _handler(model)({})
+    assert model.calls == [1] * 12  # and after the experiment the endpoint runs as written
+
+
+def test_the_items_rows_come_back_to_each_call_in_order():
+    model = Scorer()
+    items = Items(model.predict, _inputs)
+    rows = [np.array([[float(i), 0.0, 0.0]]) for i in range(5)]
+    first = [items(r) for r in rows]  # the first request: learnt, run as written
+    model.calls.clear()
+    second = [items(r) for r in rows]
+    assert model.calls == [5, 1]  # one merged call, and the first item alone once (the check)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second)) and items.merged == 1
+    other = items(np.array([[9.0, 9.0, 9.0]]))  # an input it did not learn runs as written
+    assert other.tolist() == [54.0] and model.calls[-1] == 1
+
+
+def test_a_request_whose_items_repeat_is_learnt_whole_by_its_own_record():
+    from servescope.doctor.context import new_evidence, reset_evidence, set_evidence
+
+    model = Scorer()
+    items = Items(model.predict, _inputs)
+    rows = [np.array([[float(i % 2), 0.0, 0.0]]) for i in range(6)]  # a, b, a, b, a, b
+
+    def request():
+        token = set_evidence(new_evidence())
+        try:
+            return [items(r) for r in rows]
+        finally:
+            reset_evidence(token)
+
+    first = request()
+    model.calls.clear()
+    second = request()
+    assert len(items.plan) == 6 and model.calls == [6, 1]
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+def test_calls_that_feed_each_other_are_not_merged():
+    model = Scorer()
+    items = Items(lambda x: model.predict(x)[:, None] * np.ones((1, 3)), _inputs)
+    for _ in range(2):
+        x = np.ones((1, 3))
+        for _ in range(4):
+            x = items(x)  # x = model(x): each step needs the one before
+    assert items.merged == 0 and "depend on each other" in items.broken
+
+
+def test_a_model_called_once_a_request_is_not_a_loop_over_items():
+    model = Scorer()
+    lab, ep = _lab(_handler(model, items=1))
+    try:
+        w = batch_items(_evidence(per_request=2.0), lab, _seen(model))
+    finally:
+        ep.stop()
+    assert not w.tried and w.why_not == ONE_CALL_EACH
+    assert per_item_calls(_with(_evidence(per_request=2.0), w)) == []
+
+
+def test_items_that_do_not_line_up_are_not_tried_and_said():
+    model = Scorer()
+    def handler(payload):
+        return {"n": [float(model.predict(np.ones((1, 3 + k % 2)))[0]) for k in range(6)]}  # two widths
+
+    lab, ep = _lab(handler)
+    try:
+        w = batch_items(_evidence(per_request=6.0), lab, _seen(model))
+    finally:
+        ep.stop()
+    assert not w.tried and "do not line up" in w.why_not
+    with pytest.raises(MissingEvidence, match="6 model calls of batch 1.*do not line up"):
+        per_item_calls(_with(_evidence(per_request=6.0), w))
+
+
+def _with(ev: Evidence, w: WhatIf) -> Evidence:
+    ev.experiments = {"batch-items": w}
+    return ev
+
+
+def test_the_rule_names_the_measured_saving_at_one_client_in_the_librarys_idiom():
+    w = WhatIf(fix="x", tried=True, pairs=6, requests=24, base_p50_ms=60.0, fixed_p50_ms=18.0, saving_ms=42.0, low_ms=38.0, high_ms=46.0,
+               coverage=0.95, answers="same")  # fmt: skip
+    [f] = [f for f in diagnose_evidence(_with(_evidence(), w)).findings if f.id == "per-item-calls"]
+    assert f.severity == "critical" and f.saving_ms == 42.0 and f.saving_basis == "measured" and f.saving_load == "c=1"
+    assert "12 items" in f.title and "model.predict(np.vstack(rows))" in f.fix
+    st = _evidence()
+    st.warm.forwards.kinds, st.warm.forwards.calls = ["sentence-transformers"], ["SentenceTransformer.encode"]
+    [f] = per_item_calls(_with(st, w))
+    assert "model.encode(texts, batch_size=32)" in f.fix
+    # measured to gain nothing: no finding
+    assert per_item_calls(_with(_evidence(), WhatIf(fix="x", tried=True, pairs=6, base_p50_ms=60.0, fixed_p50_ms=61.0, saving_ms=-1.0))) == []
+
+
+def test_a_streamed_or_decoded_answers_steps_are_not_items():
+    assert per_item_calls(_evidence(first_chunk_p50_ms=5.0)) == []
+    assert per_item_calls(_evidence(recompute_steps_per_request=12.0)) == []
+    assert per_item_calls(_evidence(per_request=1.0)) == []
+
+
+def test_texts_tokenized_one_by_one_are_padded_to_one_call_and_cut_back():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
+    model = transformers.BertModel(cfg).eval()
+    items = Items(model.forward, lambda a, k: k)
+    lengths = [3, 7, 5]
+    encs = [{"input_ids": torch.randint(1, 50, (1, n)), "attention_mask": torch.ones(1, n, dtype=torch.long)} for n in lengths]
+    with torch.no_grad():
+        alone = [items(**e).last_hidden_state for e in encs]  # learnt
+        merged = [items(**e).last_hidden_state for e in encs]
+    assert items.merged == 1 and not items.broken
+    assert [m.shape[1] for m in merged] == lengths  # each call's own length back
+    assert all(torch.allclose(a, m, atol=1e-5) for a, m in zip(alone, merged))
