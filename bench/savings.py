@@ -65,7 +65,13 @@ class Case:
 #: the doctor's experiment that measures each cause's fix
 EXPERIMENT = {"model-load-per-request": "memoise-loaders", "repeated-work": "memoise-repeated", "padding-waste": "trim-padding",
               "grad-enabled": "inference-mode", "event-loop-blocked": "off-the-loop", "no-batching": "batching",
-              "openmp-spin-wait": "omp-passive"}  # fmt: skip
+              "openmp-spin-wait": "omp-passive", "per-item-calls": "batch-items"}  # fmt: skip
+
+#: a request's titles, of 4 to 14 words: embedded one at a time by per_item.py
+TITLES = ["wireless noise cancelling headphones with long battery", "stainless steel water bottle", "usb c charging cable braided two metres long",
+          "ergonomic office chair with lumbar support and armrests", "cast iron skillet", "mechanical keyboard with brown switches and a wrist rest",
+          "kids waterproof rain jacket", "portable bluetooth speaker for outdoor parties by the pool with friends", "ceramic coffee mug",
+          "running shoes for trail and road with extra cushioning for long distances", "desk lamp", "hiking backpack thirty litres"]  # fmt: skip
 
 
 def cases() -> list[Case]:
@@ -79,6 +85,7 @@ def cases() -> list[Case]:
         Case("sklearn_per_request", "model-load-per-request", "/score", {"rows": [[0.1 * i + j for i in range(12)] for j in range(4)]}),
         Case("cold_start", "cold-start", "/classify", text, cold=True),
         Case("padding", "padding-waste", "/embed", {"texts": ["short text one", "another short text", "a third one here"]}),
+        Case("per_item", "per-item-calls", "/embed", {"texts": TITLES}),
         Case("corpus_encode", "repeated-work", "/search", {"query": "which orders were late"}),
         Case("grad_encoder", "grad-enabled", "/embed", {"reviews": ["arrived on time, works as described", "the strap broke after a week"]}),
         Case("async_forward", "event-loop-blocked", "/embed", text, concurrency=8),
