@@ -66,7 +66,10 @@ def test_one_call_for_a_requests_items_is_measured_on_the_endpoint_as_written():
     finally:
         ep.stop()
     # 12 calls of about 4.1 ms against one of about 5.2 ms: about 44 ms a request saved
-    assert w.tried and w.answers == "same" and w.hits and w.hits >= w.pairs, w
+    assert w.tried and w.answers == "same", w
+    # every counted request with the fix ran its items as one call (learning and the check were in
+    # the two uncounted requests before its first block)
+    assert w.hits == w.requests + 1, w
     assert 30.0 <= w.saving_ms <= 80.0 and w.low_ms > 15.0, w
     assert 12 in model.calls  # the twelve rows went in one call
     model.calls.clear()
@@ -81,7 +84,7 @@ def test_the_items_rows_come_back_to_each_call_in_order():
     first = [items(r) for r in rows]  # the first request: learnt, run as written
     model.calls.clear()
     second = [items(r) for r in rows]
-    assert model.calls == [5, 1]  # one merged call, and the first item alone once (the check)
+    assert model.calls == [5, 1, 1, 1]  # one merged call, and the first, middle and last items alone once (the check)
     assert all(np.array_equal(a, b) for a, b in zip(first, second)) and items.merged == 1
     other = items(np.array([[9.0, 9.0, 9.0]]))  # an input it did not learn runs as written
     assert other.tolist() == [54.0] and model.calls[-1] == 1
@@ -104,7 +107,7 @@ def test_a_request_whose_items_repeat_is_learnt_whole_by_its_own_record():
     first = request()
     model.calls.clear()
     second = request()
-    assert len(items.plan) == 6 and model.calls == [6, 1]
+    assert len(items.plan) == 6 and model.calls == [6, 1, 1, 1]
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
 
 

@@ -102,6 +102,9 @@ class Fix:
     #: kept alive by the fix made the loads as written cost about twice what they cost a process
     #: that loads on every request: docs/benchmarks.md, session 15)
     release_each_block: bool = False
+    #: uncounted requests with the fix before its first block (one that learns from a request
+    #: before it acts, and checks its first answer, does both outside the timed blocks)
+    prime: int = 1
 
 
 def _rss_mb() -> float | None:
@@ -250,7 +253,7 @@ class Lab:
                     f"(about {need:.0f} s: {per_block} requests a block at {self.concurrent_rps:g} req/s, the throughput measured at c={c})"
                 )
         base_mb = _memory_mb()  # what the fix keeps across its blocks shows in every block after
-        self._block(fix, 1, answers)  # primes the fix (fills its memos): not counted
+        self._block(fix, fix.prime, answers)  # primes the fix (fills its memos): not counted
         primed = True
         # (a third of what is left at most: the fixes after this one get their pairs too)
         stop = self.clock() + min(self.per_fix_s, self.left() / 3)
