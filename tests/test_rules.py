@@ -238,6 +238,9 @@ def test_gil_contention_quotes_the_users_own_hot_line_with_its_idiom():
                  hot_spots_in_user_code={"preprocess": True})  # fmt: skip
     [f] = [f for f in diagnose_evidence(ev).findings if f.id == "gil-contention"]
     assert line in f.fix and "np.asarray(img" in f.fix and "app.py:21" in f.fix and "ProcessPoolExecutor" in f.fix
+    # the same line in a stage that is 1% of the request is not the work that holds the GIL
+    ev.stages = {"preprocess": {"mean_ms": 0.1, "p95_ms": 0.2, "share": 0.01}}
+    assert [f.fix for f in diagnose_evidence(ev).findings if f.id == "gil-contention"] == [plain.fix]
     # a loop of sums is numbers: numpy; a loop over strings is not, and is not told to use numpy
     sums, grams = "total += math.sqrt(abs(v)) * w", "grams = {w[k:k + 3] for k in range(len(w) - 2)}"
     for text, idiom, not_idiom in ((sums, "np.add.reduce", "at start-up"), (grams, "at start-up", "np.")):

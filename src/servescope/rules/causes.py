@@ -363,12 +363,19 @@ def _own_line(where: str, line: str, library: str = "", rank: str = "") -> str |
     return f"# the hot spot is {said}{rank}:\n#     {line}\n{idiom}"
 
 
+#: a stage's hot line is quoted as the work to change only where the stage is this share of
+#: the request or more (or its share is not known)
+OWN_LINE_STAGE_SHARE = 0.05
+
+
 def own_line_fix(ev: Evidence) -> str | None:
     """The idiom for the user's own hot line in the stage that takes longest of those whose hot
     line the sampler found in their code (gil-contention's fix names it too: the Python work
     that holds the GIL is that line)."""
-    stages = sorted(set(ev.hot_lines) | set(ev.hot_spot_lines), key=lambda n: -((ev.stages.get(n) or {}).get("share") or 0.0))
-    for name in stages:
+    shares = {n: (ev.stages.get(n) or {}).get("share") for n in set(ev.hot_lines) | set(ev.hot_spot_lines)}
+    for name in sorted(shares, key=lambda n: -(shares[n] or 0.0)):
+        if shares[name] is not None and shares[name] < OWN_LINE_STAGE_SHARE:
+            continue  # (a line that `.tolist()`s a model call's answer, sampled once in a 1% stage, is not the work)
         hot, line = ev.hot_spots.get(name), ev.hot_lines.get(name)
         own = _own_line(_where(hot), line) if hot and line and ev.hot_spots_in_user_code.get(name, False) else None
         if own is None and hot:
