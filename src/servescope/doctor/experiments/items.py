@@ -153,7 +153,7 @@ def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     targets = [(obj, method, inputs_of) for fp, (obj, method, inputs_of) in seen.owners.items() if fp not in seen.constant]
     targets = list({id(o): (o, m, i) for o, m, i in targets}.values())
     if not targets:
-        return WhatIf(fix=WORDS, why_not="the object the model calls went to was not kept (built per request)")
+        return WhatIf(fix=WORDS, why_not="no model object the calls went to was kept (a model built per request, or inputs that carry no array or text to tell them apart)")
     wrappers = [Items(getattr(obj, method), inputs_of) for obj, method, inputs_of in targets]
 
     def apply() -> Callable[[], None]:
