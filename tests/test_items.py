@@ -70,7 +70,8 @@ def test_one_call_for_a_requests_items_is_measured_on_the_endpoint_as_written():
     # every counted request with the fix ran its items as one call (learning and the check were in
     # the two uncounted requests before its first block)
     assert w.hits == w.requests + 1, w
-    assert 30.0 <= w.saving_ms <= 80.0 and w.low_ms > 15.0, w
+    # (sleeps only overshoot on a busy machine, and twelve of them more than one: no upper bound but the request)
+    assert 30.0 <= w.saving_ms <= w.base_p50_ms and w.low_ms > 15.0, w
     assert 12 in model.calls  # the twelve rows went in one call
     model.calls.clear()
     _handler(model)({})
@@ -143,8 +144,40 @@ def test_items_that_do_not_line_up_are_not_tried_and_said():
     finally:
         ep.stop()
     assert not w.tried and "do not line up" in w.why_not
-    with pytest.raises(MissingEvidence, match="6 model calls of batch 1.*do not line up"):
-        per_item_calls(_with(_evidence(per_request=6.0), w))
+    assert per_item_calls(_with(_evidence(per_request=6.0), w)) == []  # (measured: not items one call could take)
+
+
+def test_a_model_called_through_a_reference_kept_before_is_said_not_tried():
+    model = Scorer()
+    predict = model.predict  # bound before the experiment patches the object
+
+    def handler(payload):
+        return {"n": [float(predict(np.ones((1, 3)) * k)[0]) for k in range(4)]}
+
+    lab, ep = _lab(handler)
+    try:
+        w = batch_items(_evidence(per_request=4.0), lab, _seen(model))
+    finally:
+        ep.stop()
+    assert not w.tried and "reference kept before" in w.why_not
+    with pytest.raises(MissingEvidence, match="4 model calls of batch 1.*reference kept before"):
+        per_item_calls(_with(_evidence(per_request=4.0), w))
+
+
+def test_rows_given_as_lists_stack_as_a_positional_input_not_as_an_option():
+    from servescope.doctor.experiments.batching import Mismatch, run_merged
+
+    calls = [(([[1.0, 2.0]],), {"weights": [[0.5, 0.5]]}), (([[3.0, 4.0]],), {"weights": [[0.5, 0.5]]})]
+    seen = []
+
+    def model(x, weights):
+        seen.append((x, weights))
+        return np.asarray(x) @ np.asarray(weights).T
+
+    rows = run_merged(model, calls)
+    assert seen == [([[1.0, 2.0], [3.0, 4.0]], [[0.5, 0.5]])] and [r.tolist() for r in rows] == [[[1.5]], [[3.5]]]
+    with pytest.raises(Mismatch):  # ragged rows are not stacked: no batch axis is found
+        run_merged(model, [(([[1.0, 2.0], [3.0]],), {}), (([[1.0, 2.0], [3.0]],), {})])
 
 
 def _with(ev: Evidence, w: WhatIf) -> Evidence:

@@ -10,6 +10,11 @@ from .savings import measured_or_estimated
 
 __all__ = ["per_item_calls"]
 
+#: why the experiment found the calls are not items one call could take (said in its why-not):
+#: each takes an earlier call's output, or their inputs do not line up even padded (a
+#: decoder's steps with their cache, images at two sizes)
+CONCLUSIVE = ("the calls depend on each other", "do not line up in one call")
+
 #: the call over every item of the request, in each library's idiom
 _ONE_CALL = {
     "sentence-transformers": "vectors = model.encode(texts, batch_size=32)        # every text of the request in one call",
@@ -41,8 +46,8 @@ def per_item_calls(ev: Evidence) -> list[Finding]:
         return []  # (a streamed or decoded answer's steps depend on each other)
     if ev.tried("batch-items") is None:
         failed = ev.experiments.get("batch-items")
-        if failed is not None and failed.why_not == ONE_CALL_EACH:
-            return []
+        if failed is not None and (failed.why_not == ONE_CALL_EACH or any(w in failed.why_not for w in CONCLUSIVE)):
+            return []  # (measured: these calls are not items one call could take)
         raise MissingEvidence(
             f"each request made {fwd.per_request:g} model calls of batch 1; one call for all of them was not tried"
             + (f": {failed.why_not}" if failed is not None and failed.why_not else "")

@@ -34,7 +34,7 @@ class Mismatch(Exception):
     """Inputs that cannot be stacked into one call."""
 
 
-def _kind(x: Any) -> str:
+def _kind(x: Any, rows: bool = True) -> str:
     mod = type(x).__module__
     if mod.startswith("torch") and hasattr(x, "shape") and hasattr(x, "device"):
         return "tensor"
@@ -44,7 +44,7 @@ def _kind(x: Any) -> str:
         return "frame"
     if isinstance(x, list) and x and all(isinstance(v, str) for v in x):
         return "texts"
-    if number_rows(x) is not None:  # model.predict([features]), as scikit-learn's tutorials call it
+    if rows and (r := number_rows(x)) is not None and len({len(v) for v in r}) == 1:  # model.predict([features])
         return "rows"
     return ""
 
@@ -53,13 +53,14 @@ def _rows(x: Any) -> int:
     return len(x) if _kind(x) in ("texts", "rows", "frame") else int(x.shape[0])
 
 
-def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
+def merge(items: list[Any], depth: int = 0, stack_rows: bool = True) -> tuple[Any, list[int]]:
     """The items' inputs stacked along the first axis, and each item's row count (from its
-    first batched leaf). Raises ``Mismatch`` when they do not line up."""
+    first batched leaf). Raises ``Mismatch`` when they do not line up. ``stack_rows``: lists of
+    number lists are rows to stack (a positional input), not an option that must be equal."""
     first = items[0]
-    kind = _kind(first)
+    kind = _kind(first, stack_rows)
     if kind:
-        if any(_kind(x) != kind for x in items):
+        if any(_kind(x, stack_rows) != kind for x in items):
             raise Mismatch("mixed input types")
         rows = [_rows(x) for x in items]
         if kind in ("texts", "rows"):
@@ -85,7 +86,7 @@ def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
             raise Mismatch("different keys")
         out, rows = {}, None
         for k in first:
-            out[k], r = merge([x[k] for x in items], depth + 1)
+            out[k], r = merge([x[k] for x in items], depth + 1, stack_rows)
             rows = rows or (r if any(r) else None)
         try:
             merged: Any = type(first)(out)
@@ -97,7 +98,7 @@ def merge(items: list[Any], depth: int = 0) -> tuple[Any, list[int]]:
             raise Mismatch("different lengths")
         parts, rows = [], None
         for i in range(len(first)):
-            p, r = merge([x[i] for x in items], depth + 1)
+            p, r = merge([x[i] for x in items], depth + 1, stack_rows)
             parts.append(p)
             rows = rows or (r if any(r) else None)
         return type(first)(parts), rows or [0] * len(items)
@@ -152,7 +153,7 @@ def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict
     # one text per call (encode("a sentence")): a list of one, and its one row back
     single = all(args and isinstance(args[0], str) for args, _ in calls)
     merged_args, rows = merge([(([args[0]],) + args[1:]) if single else args for args, _ in calls])
-    merged_kwargs, krows = merge([kwargs for _, kwargs in calls])
+    merged_kwargs, krows = merge([kwargs for _, kwargs in calls], stack_rows=False)  # (a keyword's number lists are options)
     rows = rows if any(rows) else krows
     if not any(rows):
         raise Mismatch("no batch axis")

@@ -37,6 +37,8 @@ __all__ = ["batch_items"]
 MAX_ITEMS = 256
 
 WORDS = "the request's items run through the model in one call"
+#: why the items were not merged: each call took an earlier one's output
+DEPENDENT = "a call's input is an earlier call's output (a loop that feeds its answer back): the calls depend on each other"
 
 
 class Items:
@@ -69,7 +71,7 @@ class Items:
             new = self._new_request(fp)
             if self.learning and not new:
                 if _prints((args, kwargs)) & self.outputs:
-                    self.broken = "a call's input is an earlier call's output (a loop that feeds its answer back): the calls depend on each other"
+                    self.broken = DEPENDENT
                 out = self.call(*args, **kwargs)
                 if len(self.plan) < MAX_ITEMS:
                     self.plan.append((fp, args, kwargs))
@@ -153,7 +155,8 @@ def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
     targets = [(obj, method, inputs_of) for fp, (obj, method, inputs_of) in seen.owners.items() if fp not in seen.constant]
     targets = list({id(o): (o, m, i) for o, m, i in targets}.values())
     if not targets:
-        return WhatIf(fix=WORDS, why_not="no model object the calls went to was kept (a model built per request, or inputs that carry no array or text to tell them apart)")
+        return WhatIf(fix=WORDS, why_not="no model object the calls went to was kept (a model built per request, or inputs the doctor "
+                      "cannot tell apart: on a GPU, or with no array or text)")  # fmt: skip
     wrappers = [Items(getattr(obj, method), inputs_of) for obj, method, inputs_of in targets]
 
     def apply() -> Callable[[], None]:
@@ -164,6 +167,9 @@ def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
 
     def merged() -> int:
         done = sum(w.merged for w in wrappers)
+        if not done and not any(w.plan for w in wrappers):
+            raise Abandon(f"no call reached the model objects' own methods ({', '.join(sorted({m for _, m, _ in targets}))}): "
+                          "the endpoint calls them through a reference kept before (`encode = model.encode`)")  # fmt: skip
         if not done and all(len(w.plan) < 2 for w in wrappers):
             raise Abandon(ONE_CALL_EACH)
         broken = next((w.broken for w in wrappers if w.broken), "")
