@@ -169,7 +169,7 @@ def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         done = sum(w.merged for w in wrappers)
         if not done and not any(w.plan for w in wrappers):
             raise Abandon(f"no call reached the model objects' own methods ({', '.join(sorted({m for _, m, _ in targets}))}): "
-                          "the endpoint calls them through a reference kept before (`encode = model.encode`)")  # fmt: skip
+                          "the endpoint calls them through a reference kept before (`encode = model.encode`), or calls other objects now")  # fmt: skip
         if not done and all(len(w.plan) < 2 for w in wrappers):
             raise Abandon(ONE_CALL_EACH)
         broken = next((w.broken for w in wrappers if w.broken), "")
