@@ -52,19 +52,19 @@ def _handler(model: Scorer, items: int = 12):
     return handler
 
 
-def _lab(handler) -> tuple[Lab, FunctionEndpoint]:
+def _tried(handler, model: Scorer, per_request: float = 12.0) -> WhatIf:
+    """The experiment run by a lab on ``handler`` served as a function endpoint."""
     ep = FunctionEndpoint(handler)
     ep.start(5.0)
-    return Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), ep
+    try:
+        return batch_items(_evidence(per_request), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), _seen(model))
+    finally:
+        ep.stop()
 
 
 def test_one_call_for_a_requests_items_is_measured_on_the_endpoint_as_written():
     model = Scorer()
-    lab, ep = _lab(_handler(model))
-    try:
-        w = batch_items(_evidence(), lab, _seen(model))
-    finally:
-        ep.stop()
+    w = _tried(_handler(model), model)
     # 12 calls of about 4.1 ms against one of about 5.2 ms: about 44 ms a request saved
     assert w.tried and w.answers == "same", w
     # every counted request with the fix ran its items as one call (learning and the check were in
@@ -124,11 +124,7 @@ def test_calls_that_feed_each_other_are_not_merged():
 
 def test_a_model_called_once_a_request_is_not_a_loop_over_items():
     model = Scorer()
-    lab, ep = _lab(_handler(model, items=1))
-    try:
-        w = batch_items(_evidence(per_request=2.0), lab, _seen(model))
-    finally:
-        ep.stop()
+    w = _tried(_handler(model, items=1), model, 2.0)
     assert not w.tried and w.why_not == ONE_CALL_EACH
     assert per_item_calls(_with(_evidence(per_request=2.0), w)) == []
 
@@ -138,11 +134,7 @@ def test_items_that_do_not_line_up_are_not_tried_and_said():
     def handler(payload):
         return {"n": [float(model.predict(np.ones((1, 3 + k % 2)))[0]) for k in range(6)]}  # two widths
 
-    lab, ep = _lab(handler)
-    try:
-        w = batch_items(_evidence(per_request=6.0), lab, _seen(model))
-    finally:
-        ep.stop()
+    w = _tried(handler, model, 6.0)
     assert not w.tried and "do not line up" in w.why_not
     assert per_item_calls(_with(_evidence(per_request=6.0), w)) == []  # (measured: not items one call could take)
 
@@ -154,11 +146,7 @@ def test_a_model_called_through_a_reference_kept_before_is_said_not_tried():
     def handler(payload):
         return {"n": [float(predict(np.ones((1, 3)) * k)[0]) for k in range(4)]}
 
-    lab, ep = _lab(handler)
-    try:
-        w = batch_items(_evidence(per_request=4.0), lab, _seen(model))
-    finally:
-        ep.stop()
+    w = _tried(handler, model, 4.0)
     assert not w.tried and "reference kept before" in w.why_not
     with pytest.raises(MissingEvidence, match="4 model calls of batch 1.*reference kept before"):
         per_item_calls(_with(_evidence(per_request=4.0), w))
