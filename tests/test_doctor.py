@@ -288,13 +288,17 @@ def test_keyword_model_calls_are_seen_and_replayed_without_the_probes():
     assert "padding-waste" in {f.id for f in rep.findings}
 
 
+@pytest.mark.parametrize("helper", ["outside", "inside"])
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])
-def test_concurrent_requests_find_their_server_traces_by_id(kind):
+def test_concurrent_requests_find_their_server_traces_by_id(kind, helper):
     """Each result of the concurrent phase is paired with the trace its answer names, not with
-    the trace at its index: one that got no answer in time has none, and never takes another's."""
+    the trace at its index: one that got no answer in time has none, and never takes another's.
+    The load comes from a helper process (as a server's clients'), or from the doctor's own
+    where no helper can run."""
     import threading
 
     from servescope.doctor.endpoints.http import ASGIEndpoint, WSGIEndpoint
+    from servescope.doctor.endpoints.outside import OutsideLoad
 
     calls = iter(range(1_000))
     lock = threading.Lock()
@@ -324,8 +328,12 @@ def test_concurrent_requests_find_their_server_traces_by_id(kind):
 
         target = WSGIEndpoint(app, "/predict")
     target.start(10)
+    if helper == "inside":
+        target._outside = OutsideLoad()
+        target._outside.broken = "no helper could start"
     try:
         obs, _ = target.concurrent(b"{}", concurrency=2, requests=8, timeout_s=1.0, max_seconds=10)
+        assert (target._outside.proc is not None) == (helper == "outside")
     finally:
         target.stop()
     ok = [o for o in obs if o.error is None]
@@ -436,3 +444,26 @@ def test_a_cpu_reading_says_how_long_until_the_kernels_counts_can_say_how_busy_t
     assert abs(reading.readable_in() - (CpuReading.MIN_S - 0.2)) < 1e-9
     now[0] += 5.0
     assert reading.readable_in() == 0.0
+
+
+def test_the_cpu_of_the_doctors_own_helper_process_is_counted_as_its_own_not_a_neighbours():
+    import subprocess
+    import sys
+
+    from servescope.environment import HELPERS, helper_cpu_seconds
+
+    burn = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"done\n"  # (it has used 0.3 s of CPU, however busy the machine)
+        before = helper_cpu_seconds()
+        HELPERS.add(child.pid)
+        try:
+            assert helper_cpu_seconds() - before >= 0.28  # (the kernel counts in ticks of 10 ms)
+        finally:
+            HELPERS.discard(child.pid)
+        assert helper_cpu_seconds() == before
+    finally:
+        child.stdin.close()
+        child.wait(10)
+        child.stdout.close()

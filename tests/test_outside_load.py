@@ -1,14 +1,17 @@
-"""The experiments' concurrent blocks sent from a helper process (doctor/endpoints/outside.py),
-against a real HTTP server on loopback."""
+"""The concurrent phase's and the experiments' blocks sent from a helper process
+(doctor/endpoints/outside.py), against a real HTTP server on loopback."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from servescope.doctor.endpoints.outside import OutsideLoad
+
+_ids = itertools.count(1)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -17,6 +20,7 @@ class _Handler(BaseHTTPRequestHandler):
         time.sleep(0.005)
         code = 500 if body == b"fail" else 200
         self.send_response(code)
+        self.send_header("Server-Timing", f'app;dur=5, servescope-doctor-request;desc="r{next(_ids)}"')
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
@@ -25,7 +29,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_block_from_outside_gives_each_requests_latency_and_error_and_the_helper_ends_with_it():
+def test_a_block_from_outside_gives_each_requests_latency_error_and_id_and_the_helper_ends_with_it():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/predict"
@@ -34,11 +38,13 @@ def test_a_block_from_outside_gives_each_requests_latency_and_error_and_the_help
         ok = load.run(url, "POST", b"{}", "application/json", concurrency=4, requests=12, timeout_s=10, max_seconds=30)
         assert ok is not None
         results, elapsed = ok
-        assert len(results) == 12 and all(err is None for _, err, _ in results), results
-        assert all(5.0 <= lat < 10_000 for lat, _, _ in results) and elapsed > 0  # (each sleeps 5 ms)
+        assert len(results) == 12 and all(r.error is None and r.status == 200 for r in results), results
+        assert all(5.0 <= r.latency_ms < 10_000 for r in results) and elapsed > 0  # (each sleeps 5 ms)
+        # each answer's id, as its Server-Timing named it: how the phase finds its trace
+        assert sorted(r.request_id for r in results) == sorted(f"r{i}" for i in range(1, 13))
         helper = load.proc.pid
         bad, _ = load.run(url, "POST", b"fail", "application/json", concurrency=2, requests=4, timeout_s=10, max_seconds=30)
-        assert len(bad) == 4 and all(err for _, err, _ in bad)  # the server's 500s are the block's errors
+        assert len(bad) == 4 and all(r.error == "HTTP 500" for r in bad)  # the server's 500s are the block's errors
         assert load.proc.pid == helper  # (one helper for every block)
     finally:
         load.close()

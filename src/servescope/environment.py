@@ -7,7 +7,24 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["CpuReading", "available_cpus", "capture_environment", "cpu_pressure_us", "idle_cpu_seconds"]
+__all__ = ["HELPERS", "CpuReading", "available_cpus", "capture_environment", "cpu_pressure_us", "helper_cpu_seconds", "idle_cpu_seconds"]
+
+#: pids of the processes servescope started to do its own measuring (the doctor's load
+#: helper): their CPU is the measurer's, never taken for a neighbour's
+HELPERS: set[int] = set()
+
+
+def helper_cpu_seconds() -> float:
+    """The CPU seconds the live ``HELPERS`` have used (Linux ``/proc``; 0 elsewhere)."""
+    total = 0.0
+    for pid in list(HELPERS):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _cgroup_cpus() -> float | None:
@@ -78,6 +95,12 @@ def cpu_pressure_us(path: str = "/proc/pressure/cpu") -> float | None:
     return None
 
 
+def _own_cpu() -> float:
+    import time
+
+    return time.process_time() + helper_cpu_seconds()
+
+
 class CpuReading:
     """The CPUs around a phase: take one before, call ``since()`` after.
 
@@ -86,7 +109,7 @@ class CpuReading:
         idle, others, pressure = before.since()
 
     ``idle``: cores left idle; ``others``: cores other processes used (the CPUs' busy time less
-    this process's own CPU time); ``pressure``: share of the phase during which some runnable
+    this process's own CPU time and its helpers'); ``pressure``: share of the phase during which some runnable
     task waited for a CPU. Each is None where the OS does not say, and idle and others for a
     phase shorter than ``MIN_S`` (the kernel counts CPU time in ticks of 10 ms)."""
 
@@ -96,7 +119,7 @@ class CpuReading:
         import time
 
         self._clock = time.perf_counter
-        self.t0, self.idle0, self.psi0, self.cpu0 = self._clock(), idle_cpu_seconds(), cpu_pressure_us(), time.process_time()
+        self.t0, self.idle0, self.psi0, self.cpu0 = self._clock(), idle_cpu_seconds(), cpu_pressure_us(), _own_cpu()
 
     def readable_in(self) -> float:
         """Seconds until the phase is long enough for ``since()`` to say idle and others (0: now)."""
@@ -106,7 +129,7 @@ class CpuReading:
         import time
 
         wall = self._clock() - self.t0
-        idle1, psi1, cpu1 = idle_cpu_seconds(), cpu_pressure_us(), time.process_time()
+        idle1, psi1, cpu1 = idle_cpu_seconds(), cpu_pressure_us(), _own_cpu()
         if wall <= 0:
             return None, None, None
         idle = (idle1 - self.idle0) / wall if idle1 is not None and self.idle0 is not None and wall >= self.MIN_S else None

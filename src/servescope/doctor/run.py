@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..environment import CpuReading, available_cpus, idle_cpu_seconds
+from ..environment import CpuReading, available_cpus, helper_cpu_seconds, idle_cpu_seconds
 from ..exceptions import EndpointError
 from ..openmp import openmp_loaded, wait_policy_set
 from ..recorder import Recorder
@@ -227,12 +227,15 @@ class _Run:
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
         if self.endpoint.loop_thread_id:  # (does the loop's own thread stop in a blocking wait?)
             self.sampler.watch.add(self.endpoint.loop_thread_id)
-        cpu0, idle0, t0 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
+        ready = getattr(self.endpoint, "ready_load", None)  # (an app's load comes from a helper process)
+        if ready is not None:
+            ready()
+        cpu0, idle0, help0, t0 = time.process_time(), idle_cpu_seconds(), helper_cpu_seconds(), time.perf_counter_ns()
         try:
             self.conc, self.conc_elapsed = self.endpoint.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
         finally:
             done.set()
-        cpu1, idle1, t1 = time.process_time(), idle_cpu_seconds(), time.perf_counter_ns()
+        cpu1, idle1, help1, t1 = time.process_time(), idle_cpu_seconds(), helper_cpu_seconds(), time.perf_counter_ns()
         wall_s = (t1 - t0) / 1e9
         self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
         for c in self.conc:
@@ -245,7 +248,8 @@ class _Run:
         self.concurrent_extra = {
             "loop": self.sampler.loop_activity(loop_tid, t0, t1) if loop_tid else None,
             "cpu_cores_busy": round((cpu1 - cpu0) / wall_s, 2) if t1 > t0 else None,
-            "machine_cores_idle": round((idle1 - idle0) / wall_s, 2) if t1 > t0 and idle0 is not None and idle1 is not None else None,
+            # (cores no other process used: the load's helper process is the doctor's own client)
+            "machine_cores_idle": round((idle1 - idle0 + help1 - help0) / wall_s, 2) if t1 > t0 and idle0 is not None and idle1 is not None else None,
             "gil_wait_p50_ms": self.sampler.gil_wait_p50_ms(t0, t1),
             "worker_hot_spot": self.sampler.threads_hot_spot(t0, t1, exclude),
         }

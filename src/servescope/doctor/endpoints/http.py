@@ -25,7 +25,7 @@ from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .function import lag_monitor
-from .outside import OutsideLoad, closed_loop_block
+from .outside import OutsideLoad, Row, closed_loop_block, rows_of
 
 __all__ = ["ASGIEndpoint", "REQUEST_ID_HEADER", "WSGIEndpoint", "free_port"]
 
@@ -36,7 +36,6 @@ _REQUEST_ID_BYTES = REQUEST_ID_HEADER.lower().encode()
 #: itself): the load generator of the concurrent phase sends the same bytes each time, and
 #: keeps each answer's Server-Timing, so that is how its results find their traces.
 REQUEST_ID_ENTRY = "servescope-doctor-request"
-_ID_IN_TIMING = re.compile(rb'servescope-doctor-request;desc="([^"]*)"')
 _server_ids = itertools.count(1)
 
 
@@ -166,42 +165,48 @@ class _HTTPEndpoint:
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
-        from ...load.loadgen import error_kind
-
-        results, elapsed = closed_loop_block(
-            self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
-        )
+        """The concurrent phase: its load comes from a helper process as a server's clients'
+        does (endpoints/outside.py), from this process where no helper could run; each result
+        finds its trace by the id its answer named (one that got no answer has none, and never
+        takes another's)."""
+        got = self._outside_rows(body, concurrency, requests, timeout_s, max_seconds)
+        if got is None:
+            results, elapsed = closed_loop_block(
+                self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
+            )
+            got = rows_of(results), elapsed
+        rows, elapsed = got
         obs = []
-        # (the generator's word for a request still in flight at the end is UNFINISHED's)
-        # each result finds its trace by the id its answer named: a request that got no
-        # answer has no trace, and never takes another's
-        for r in results:
-            err = error_kind(r)
-            m = _ID_IN_TIMING.search(r[4]) if isinstance(r[4], bytes) else None
-            tr, ev = (self.collector.find(m.group(1).decode("latin-1")) if m else None) or (None, None)
-            times = r.stream[2] if r.stream else None
-            first = (times[0] - r.sent_ns) / 1e6 if times else None
-            gaps = [(b - a) / 1e6 for a, b in zip(times, times[1:])] if times else []
-            obs.append(Observation((r[2] - r[1]) / 1e6, r[3] or None, err, tr, ev or {}, None, first, gaps))
+        for r in rows:
+            tr, ev = (self.collector.find(r.request_id) if r.request_id else None) or (None, None)
+            obs.append(Observation(r.latency_ms, r.status, r.error, tr, ev or {}, None, r.first_chunk_ms, r.chunk_gaps_ms))
         self.collector.forget()
         return obs, elapsed
 
     def concurrent_from_outside(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float] | None:
-        """The load of ``concurrent``, sent by a helper process as a server's clients are
-        (endpoints/outside.py): latencies and errors, no traces. None when no helper could run
-        it."""
-        if self._outside is None:
-            self._outside = OutsideLoad()
-        got = self._outside.run(
-            self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
-        )
+        """The load of ``concurrent`` from the helper process only (the experiments' blocks):
+        latencies and errors, no traces. None when no helper could run it."""
+        got = self._outside_rows(body, concurrency, requests, timeout_s, max_seconds)
         self.collector.forget()  # (the server kept a trace of each: none is claimed)
         if got is None:
             return None
-        results, elapsed = got
-        return [Observation(lat, error=err, first_chunk_ms=first) for lat, err, first in results], elapsed
+        rows, elapsed = got
+        return [Observation(r.latency_ms, r.status, r.error, first_chunk_ms=r.first_chunk_ms) for r in rows], elapsed
+
+    def ready_load(self) -> None:
+        """Start the load's helper process before a phase's clock starts (its imports are not load)."""
+        if self._outside is None:
+            self._outside = OutsideLoad()
+        self._outside.start()
+
+    def _outside_rows(self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float) -> tuple[list[Row], float] | None:
+        self.ready_load()
+        assert self._outside is not None
+        return self._outside.run(
+            self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
+        )
 
     def _close_outside(self) -> None:
         if self._outside is not None:

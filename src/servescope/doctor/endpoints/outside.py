@@ -1,15 +1,19 @@
-"""Load from outside the doctor's process: the experiments' concurrent blocks on an app.
+"""Load from outside the doctor's process: the concurrent phase and the experiments'
+concurrent blocks on an app.
 
-The doctor serves an app in its own process, and its load generator there shares the GIL
-with the app's loop and worker threads. Near 200 requests a second that costs the app several
+The doctor serves an app in its own process, and a load generator there shares the GIL with
+the app's loop and worker threads. Near 200 requests a second that costs the app several
 milliseconds a request, more for the arm with the fix (it answers faster), so a saving at
 concurrency came out smaller than the fixed twin's under uvicorn (docs/benchmarks.md, session
-13). The experiments' blocks are sent by a helper process instead, as a server's clients are;
-the concurrent phase stays in-process (its evidence needs the requests' traces).
+13), and on a busy machine the concurrent phase's p50 carried about 15% of the client's own
+work. The load is sent by a helper process instead, as a server's clients are. Each answer
+names its request's id in Server-Timing, and the helper hands the ids back, so the phase still
+finds each request's trace.
 
     load = OutsideLoad()
+    load.start()                  # before the clock starts: the helper's imports are not the load's
     got = load.run(url, "POST", body, "application/json", concurrency=8, requests=32, timeout_s=30, max_seconds=8)
-    # [(latency_ms, error or None, first_chunk_ms or None), ...], elapsed_s; None: no helper
+    # [Row(latency_ms, status, error, first_chunk_ms, request_id, chunk_gaps_ms), ...], elapsed_s; None: no helper
     load.close()
 """
 
@@ -20,13 +24,47 @@ import json
 import select
 import subprocess
 import sys
+import re
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["OutsideLoad", "closed_loop_block"]
+from ...environment import HELPERS
 
-#: how long the helper may take to start and answer its first line (imports)
+__all__ = ["OutsideLoad", "Row", "closed_loop_block", "rows_of"]
+
+#: how long the helper may take to start and say it is ready (imports)
 START_S = 60.0
+#: the helper's first line, once its imports are done
+READY = b"ready\n"
+#: the id each answer names in its Server-Timing (endpoints/http.py)
+_ID_IN_TIMING = re.compile(rb'servescope-doctor-request;desc="([^"]*)"')
+
+
+class Row(NamedTuple):
+    """One request of a block as the doctor needs it, from either process."""
+
+    latency_ms: float
+    status: int | None
+    error: str | None
+    first_chunk_ms: float | None
+    #: the id its answer named in Server-Timing (finds its trace), or None
+    request_id: str | None
+    chunk_gaps_ms: list[float]
+
+
+def rows_of(results: list[Any]) -> list[Row]:
+    """The load generator's results as rows (``UNFINISHED``'s word is the generator's own)."""
+    from ...load.loadgen import error_kind
+
+    out = []
+    for r in results:
+        times = r.stream[2] if r.stream else None
+        m = _ID_IN_TIMING.search(r.server_timing) if isinstance(r.server_timing, bytes) else None
+        out.append(Row(
+            (r.done_ns - r.sent_ns) / 1e6, r.status or None, error_kind(r), (times[0] - r.sent_ns) / 1e6 if times else None,
+            m.group(1).decode("latin-1") if m else None, [(b - a) / 1e6 for a, b in zip(times, times[1:])] if times else [],
+        ))  # fmt: skip
+    return out
 
 
 class OutsideLoad:
@@ -36,41 +74,59 @@ class OutsideLoad:
         self.proc: subprocess.Popen[bytes] | None = None
         self.broken = ""
 
+    def start(self) -> bool:
+        """Start the helper and wait for its imports (once); False when it cannot run."""
+        if self.proc is not None or self.broken:
+            return not self.broken
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "servescope.doctor.endpoints.outside"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            HELPERS.add(self.proc.pid)  # (its CPU is the doctor's client's, not a neighbour's)
+            if self._line(START_S) != READY:
+                raise ValueError("the helper did not say it was ready")
+        except (OSError, ValueError) as exc:
+            self._broke(exc)
+        return not self.broken
+
     def run(
         self, url: str, method: str, body: bytes, content_type: str | None, *, concurrency: int, requests: int, timeout_s: float, max_seconds: float
-    ) -> tuple[list[tuple[float, str | None, float | None]], float] | None:
-        """The block's requests as ``(latency_ms, error, first_chunk_ms)``, and its wall time;
-        None when no helper could run it (the caller measures in-process instead)."""
-        if self.broken:
+    ) -> tuple[list[Row], float] | None:
+        """The block's requests as rows, and its wall time; None when no helper could run it
+        (the caller measures in-process instead)."""
+        if not self.start():
             return None
         job = {"url": url, "method": method, "body": base64.b64encode(body).decode(), "content_type": content_type,
                "concurrency": concurrency, "requests": requests, "timeout_s": timeout_s, "max_seconds": max_seconds}  # fmt: skip
         try:
-            if self.proc is None:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "servescope.doctor.endpoints.outside"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
-            assert self.proc.stdin is not None and self.proc.stdout is not None
+            assert self.proc is not None and self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(job).encode() + b"\n")
             self.proc.stdin.flush()
-            wait = START_S + max_seconds + timeout_s + 5.0
-            if not select.select([self.proc.stdout], [], [], wait)[0]:
-                raise OSError(f"no answer within {wait:g} s")
-            line = self.proc.stdout.readline()
-            if not line:
-                raise OSError(f"the helper ended (exit code {self.proc.poll()})")
-            reply = json.loads(line)
+            reply = json.loads(self._line(max_seconds + timeout_s + 10.0))
         except (OSError, ValueError) as exc:
-            self.broken = f"{type(exc).__name__}: {exc}"
-            self.close()
+            self._broke(exc)
             return None
-        return [tuple(r) for r in reply["results"]], reply["elapsed"]  # type: ignore[misc]
+        return [Row(*r) for r in reply["results"]], reply["elapsed"]
+
+    def _line(self, wait: float) -> bytes:
+        assert self.proc is not None and self.proc.stdout is not None
+        if not select.select([self.proc.stdout], [], [], wait)[0]:
+            raise OSError(f"no answer within {wait:g} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise OSError(f"the helper ended (exit code {self.proc.poll()})")
+        return line
+
+    def _broke(self, exc: Exception) -> None:
+        self.broken = f"{type(exc).__name__}: {exc}"
+        self.close()
 
     def close(self) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        HELPERS.discard(proc.pid)
         try:
             if proc.stdin is not None:
                 proc.stdin.close()  # (its loop ends at the end of its input)
@@ -111,20 +167,18 @@ def closed_loop_block(
 
 
 def _block(job: dict[str, Any]) -> dict[str, Any]:
-    from ...load.loadgen import error_kind
-
     results, elapsed = closed_loop_block(
         job["url"], job["method"], base64.b64decode(job["body"]), job["content_type"], concurrency=job["concurrency"],
         requests=job["requests"], timeout_s=job["timeout_s"], max_seconds=job["max_seconds"],
     )  # fmt: skip
-    out = []
-    for r in results:
-        times = r.stream[2] if r.stream else None
-        out.append(((r[2] - r[1]) / 1e6, error_kind(r), (times[0] - r.sent_ns) / 1e6 if times else None))
-    return {"results": out, "elapsed": elapsed}
+    return {"results": rows_of(results), "elapsed": elapsed}
 
 
 def main() -> None:
+    from ...load import loadgen  # noqa: F401  (imported before it says it is ready)
+
+    sys.stdout.write(READY.decode())
+    sys.stdout.flush()
     for line in sys.stdin:
         sys.stdout.write(json.dumps(_block(json.loads(line))) + "\n")
         sys.stdout.flush()
