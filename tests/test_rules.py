@@ -322,6 +322,18 @@ def test_a_scaled_saving_ranks_its_finding_again():
     assert (a.severity, b.severity, c.severity) == ("critical", "medium", "high")
 
 
+def test_findings_of_one_severity_are_listed_by_their_share_of_the_request_at_their_own_load():
+    # the per-row forest: 54 ms of a 62-ms request at one client, 120 ms of a 240-ms one at eight
+    items = Finding("per-item-calls", "critical", "items", saving_ms=54.0, saving_load="c=1")
+    batching = Finding("no-batching", "critical", "batching", saving_ms=120.0, saving_load="c=8")
+    cold = Finding("cold-start", "critical", "cold", saving_ms=900.0, saving_per="first request", saving_load="first request")
+    cap_savings([items, batching, cold], 62.0, {"c=8": 240.0})
+    assert (items.saving_share, batching.saving_share, cold.saving_share) == (0.871, 0.5, None)
+    report = Report(latency={"count": 30, "p50_ms": 62.0}, stages={}, environment={}, findings=[cold, batching, items])
+    assert [f.id for f in report.findings_by_severity()] == ["per-item-calls", "no-batching", "cold-start"]
+    assert Finding.from_dict(items.to_dict()).saving_share == 0.871  # (kept in the saved report)
+
+
 def test_rules_without_evidence_are_listed_as_not_checked():
     ev = Evidence(target_kind="url", cold=Cold(latency_ms=3.0), warm=Warm(requests=30, p50_ms=2.0), p50_ms=2.0)
     ev.missing["environment"] = "the server's CPUs are not visible from outside"

@@ -84,6 +84,9 @@ class Finding:
     saving_coverage: float | None = None
     #: the load the saving holds at: "c=1" (one caller), "c=8" (eight at once) ...
     saving_load: str = ""
+    #: ``saving_ms`` as a share of the request's p50 at ``saving_load`` (None where that p50
+    #: is not known, or the saving is paid once)
+    saving_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -202,8 +205,13 @@ class Report:
         return {k[6:]: v for k, v in self.distributions.items() if k.startswith("stage:")}
 
     def findings_by_severity(self) -> list[Finding]:
-        """Findings worst first (then by estimated saving)."""
-        return sorted(self.findings, key=lambda f: (SEVERITIES.index(f.severity), -(f.saving_ms or 0.0)))
+        """Findings worst first; within a severity, by the share of the request their saving
+        is at its own load (a fix at one client and one at eight compare by share, not by
+        ms), then those with no share by their saving."""
+        return sorted(
+            self.findings,
+            key=lambda f: (SEVERITIES.index(f.severity), f.saving_share is None, -(f.saving_share or 0.0), -(f.saving_ms or 0.0)),
+        )
 
     # -- combining ---------------------------------------------------------------------------
     @classmethod

@@ -75,7 +75,8 @@ def _fields(obj: dict[str, Any], spec: dict[str, Check], where: str) -> None:
 
 _FINDING = {"id": _str, "severity": _str, "title": _str, "evidence": _object, "fix": _str, "detail": _str,
             "saving_ms": _number, "saving_per": _str, "saving_basis": _str, "saving_low_ms": _number,
-            "saving_high_ms": _number, "saving_coverage": _number, "saving_load": _str}  # fmt: skip
+            "saving_high_ms": _number, "saving_coverage": _number, "saving_load": _str,
+            "saving_share": _number}  # fmt: skip
 #: The top-level fields servescope's own tools added in schema version 1 (bench, the recorder,
 #: the doctor), each with the type its readers relied on; version 2 keeps them in typed sections
 #: (sections/), checked by ``load_section``.

@@ -88,14 +88,19 @@ def cap_savings(findings: list[Finding], p50_ms: float, p50_at: dict[str, float]
     two causes), so together they may not exceed the request's own p50 at the load they are
     stated at (``p50_at``: "c=1" -> the p50 of one caller, "c=8" -> of eight): when they
     would, each is scaled by the same factor and says so, and those ranked by their saving
-    are ranked again on the scaled figure. Savings at different loads never add up."""
+    are ranked again on the scaled figure. Savings at different loads never add up. Each
+    then gets its share of the p50 at its load (``saving_share``: how findings of one severity
+    are ordered, as milliseconds at one client and at eight are not the same unit)."""
     p50_at = {"c=1": p50_ms, **(p50_at or {})}
     loads: dict[str, list[Finding]] = {}
     for f in findings:
         if f.saving_ms and f.saving_per == "request":
             loads.setdefault(f.saving_load or "c=1", []).append(f)
     for load, group in loads.items():
-        _cap(group, p50_at.get(load) or 0.0)
+        p50 = p50_at.get(load) or 0.0
+        _cap(group, p50)
+        for f in group:
+            f.saving_share = round((f.saving_ms or 0.0) / p50, 4) if p50 > 0 else None
 
 
 def _cap(per_request: list[Finding], p50_ms: float) -> None:
