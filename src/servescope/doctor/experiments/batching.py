@@ -129,6 +129,13 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
         if kind == "frame":
             return [out.iloc[a:b] for a, b in bounds]
         return [out[a:b] for a, b in bounds]
+    if isinstance(out, list) and len(out) == total and not any(_has_array(v) for v in out):
+        at = 0  # (one answer per input: a pipeline's dicts, lists of entities, numbers)
+        res = []
+        for r in rows:
+            res.append(out[at : at + r])
+            at += r
+        return res
     if depth > 4:
         return [out] * len(rows)
     if isinstance(out, dict):
@@ -147,9 +154,39 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
     return [out] * len(rows)
 
 
-def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+def _has_array(x: Any, depth: int = 0) -> bool:
+    """Whether ``x`` holds an array or a tensor (a batched leaf), in its first levels."""
+    if hasattr(x, "shape"):
+        return True
+    if depth > 3:
+        return False
+    if isinstance(x, dict):
+        return any(_has_array(v, depth + 1) for v in x.values())
+    return isinstance(x, (list, tuple)) and any(_has_array(v, depth + 1) for v in x[:8])
+
+
+def _alone(row: Any, like: Any) -> Any:
+    """A one-text call's answer from its one row: the row's only element (``encode("a")`` is
+    one vector), or the row as it is where the call alone answers in that form (a
+    text-classification pipeline answers one text with a list of one dict)."""
+    if like is not None and _form(row[0]) != _form(like) and _form(row) == _form(like):
+        return row
+    return row[0]
+
+
+def _form(x: Any, depth: int = 0) -> Any:
+    """An answer's form: its nesting of lists and its leaves' types (an array's by its axes)."""
+    if hasattr(x, "shape"):
+        return ("array", len(x.shape))
+    if isinstance(x, (list, tuple)) and depth < 4:
+        return (type(x).__name__, _form(x[0], depth + 1) if len(x) else None)
+    return type(x).__name__
+
+
+def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]], like: Any = None) -> list[Any]:
     """``call`` run once over every call's inputs, merged along the batch axis, and each
-    call's own rows of its output. Raises ``Mismatch`` when the inputs do not line up."""
+    call's own rows of its output (``like``: one call's answer run alone, whose form each
+    answer takes). Raises ``Mismatch`` when the inputs do not line up."""
     # one text per call (encode("a sentence")): a list of one, and its one row back
     single = all(args and isinstance(args[0], str) for args, _ in calls)
     merged_args, rows = merge([(([args[0]],) + args[1:]) if single else args for args, _ in calls])
@@ -158,7 +195,7 @@ def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict
     if not any(rows):
         raise Mismatch("no batch axis")
     out = split(call(*merged_args, **merged_kwargs), rows)
-    return [o[0] for o in out] if single else out
+    return [_alone(o, like) for o in out] if single else out
 
 
 class _Call:
@@ -186,6 +223,7 @@ class Batcher:
         self.checked = False
         self.broken = ""
         self.last_size, self.last_s = 1, 0.0
+        self.like: Any = None  # a lone call's answer: the form each merged answer takes
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         me = _Call(args, kwargs)
@@ -232,7 +270,7 @@ class Batcher:
     def _run(self, batch: list[_Call]) -> None:
         if len(batch) > 1 and not self.broken:
             try:
-                out = run_merged(self.call, [(c.args, c.kwargs) for c in batch])
+                out = run_merged(self.call, [(c.args, c.kwargs) for c in batch], self.like)
                 if not self.checked:
                     self._check(batch[0], out[0])
                 for c, o in zip(batch, out):
@@ -248,6 +286,7 @@ class Batcher:
                 continue
             try:
                 c.result = self.call(*c.args, **c.kwargs)
+                self.like = c.result if self.like is None else self.like
             except BaseException as exc:  # noqa: B036 - the caller's own failure, handed back to it
                 c.error = exc
             c.done = True

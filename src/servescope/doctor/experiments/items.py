@@ -12,7 +12,8 @@ Token ids of other lengths (each text tokenized alone) are padded to the longest
 call's attention mask hides the padding, and each call's outputs cut back to its length.
 The first merged call's rows are checked against their inputs run alone; inputs that do
 not line up (other options: a decoder's steps, each with its cache), and calls that take an
-earlier call's output (``x = model(x)``), are not merged, and the fix is not tried.
+earlier call's output (``x = model(x)``, or a window that ends with the last prediction: a
+number of an earlier answer in a later input), are not merged, and the fix is not tried.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ MAX_ITEMS = 256
 
 WORDS = "the request's items run through the model in one call"
 #: why the items were not merged: each call took an earlier one's output
-DEPENDENT = "a call's input is an earlier call's output (a loop that feeds its answer back): the calls depend on each other"
+DEPENDENT = "a call's input holds an earlier call's output (a loop that feeds its answer back): the calls depend on each other"
 
 
 class Items:
@@ -54,6 +55,8 @@ class Items:
         self.merged = 0  # merged calls run
         self.broken = ""
         self.outputs: set[str] = set()  # the learnt request's outputs, array by array
+        self.values: set[float] = set()  # ... and the distinctive numbers in them
+        self.like: Any = None  # the first call's answer: the form each merged answer takes
         self.lock = threading.Lock()
 
     def _new_request(self, fp: str | None) -> bool:
@@ -70,12 +73,14 @@ class Items:
         with self.lock:
             new = self._new_request(fp)
             if self.learning and not new:
-                if _prints((args, kwargs)) & self.outputs:
+                if _prints((args, kwargs)) & self.outputs or _values((args, kwargs)) & self.values:
                     self.broken = DEPENDENT
                 out = self.call(*args, **kwargs)
+                self.like = out if not self.plan else self.like
                 if len(self.plan) < MAX_ITEMS:
                     self.plan.append((fp, args, kwargs))
                     self.outputs |= _prints(out)
+                    self.values |= _values(out)
                 return out
             self.learning = False  # the first call of the next request: the plan is whole
             if self.broken or fp is None:
@@ -92,7 +97,7 @@ class Items:
         calls = [(a, k) for _, a, k in self.plan]
         try:
             try:
-                rows = run_merged(self.call, calls)
+                rows = run_merged(self.call, calls, self.like)
             except Mismatch:
                 rows = _padded(self.call, calls)  # (texts tokenized one by one: lengths differ)
         except Mismatch as exc:
@@ -144,6 +149,31 @@ def _padded(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[st
 def _prints(obj: Any) -> set[str]:
     """A fingerprint of each array in ``obj``."""
     return {p for _, leaf in leaves(obj) if (p := fingerprint(leaf)) is not None}
+
+
+#: numbers taken from each array, tensor or list of numbers (the first ones)
+VALUES_PER_LEAF = 4096
+
+
+def _values(obj: Any, depth: int = 0) -> set[float]:
+    """The distinctive numbers in ``obj``: floats with more than four decimals (a model's
+    answer, not a feature like 0.5 or 3.25), from float arrays, CPU tensors and lists of
+    numbers. An item whose input holds one of an earlier call's output (a forecast whose next
+    window ends with the last prediction) depends on that call."""
+    if depth > 4:
+        return set()
+    flat: Any = None
+    if hasattr(obj, "detach") and getattr(obj, "is_floating_point", lambda: False)() and obj.device.type == "cpu":
+        flat = obj.detach().reshape(-1)[:VALUES_PER_LEAF].tolist()
+    elif hasattr(obj, "dtype") and hasattr(obj, "reshape") and getattr(obj.dtype, "kind", "") == "f":
+        flat = obj.reshape(-1)[:VALUES_PER_LEAF].tolist()
+    elif isinstance(obj, float):
+        flat = [obj]
+    elif isinstance(obj, dict):
+        return set().union(*(_values(v, depth + 1) for v in list(obj.values())[:64]))
+    elif isinstance(obj, (list, tuple)):
+        return set().union(*(_values(v, depth + 1) for v in obj[:VALUES_PER_LEAF]))
+    return {v for v in flat if v == v and v != round(v, 4)} if flat else set()
 
 
 def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
