@@ -253,11 +253,15 @@ def test_a_pipeline_called_per_text_is_merged_and_each_text_gets_its_answer_in_t
         model.classifier.weight.mul_(200.0)  # (texts' scores far apart: each answer is told from another's)
     options = {} if top_k == "legacy" else {"top_k": None}
     pipe = transformers.pipeline("text-classification", model=model, tokenizer=tok, device=-1, **options)
-    items = Items(pipe, lambda a, k: a)
+    items = Items(pipe.__call__, lambda a, k: a)
     texts = ["a short one", "a rather longer review of the thing that came late", "fine"]
     alone = [items(t) for t in texts]  # learnt
+    forwards = []
+    model.register_forward_hook(lambda m, a, k, o: forwards.append(k["input_ids"].shape[0]), with_kwargs=True)
     merged = [items(t) for t in texts]
     assert items.merged == 1 and not items.broken
+    # one forward for the three texts (the pipeline is given a batch_size, as the fix says), then each alone (the check)
+    assert sorted(forwards) == [1, 1, 1, 3], forwards
     assert all(_form(m) == _form(a) for a, m in zip(alone, merged))  # [dict], or [[dict, dict, dict]]
     assert all(close(plain(a), plain(m))[0] for a, m in zip(alone, merged))
     assert not close(plain(alone[0]), plain(merged[1]))[0]  # (each its own text's)

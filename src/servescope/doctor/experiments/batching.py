@@ -183,6 +183,14 @@ def _form(x: Any, depth: int = 0) -> Any:
     return type(x).__name__
 
 
+def _batch_options(call: Callable[..., Any]) -> dict[str, Any]:
+    """What one call over several items needs to run them as a batch: a transformers pipeline
+    given a list runs it one text at a time unless it is given a ``batch_size`` (the fix the
+    rules write, ``pipe(texts, batch_size=16)``)."""
+    owner = getattr(call, "__self__", call)
+    return {"batch_size": MAX_BATCH} if type(owner).__module__.startswith("transformers.pipelines") else {}
+
+
 def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]], like: Any = None) -> list[Any]:
     """``call`` run once over every call's inputs, merged along the batch axis, and each
     call's own rows of its output (``like``: one call's answer run alone, whose form each
@@ -191,6 +199,7 @@ def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict
     single = all(args and isinstance(args[0], str) for args, _ in calls)
     merged_args, rows = merge([(([args[0]],) + args[1:]) if single else args for args, _ in calls])
     merged_kwargs, krows = merge([kwargs for _, kwargs in calls], stack_rows=False)  # (a keyword's number lists are options)
+    merged_kwargs = {**_batch_options(call), **merged_kwargs}  # (the caller's own options first)
     rows = rows if any(rows) else krows
     if not any(rows):
         raise Mismatch("no batch axis")
