@@ -332,6 +332,11 @@ def test_findings_of_one_severity_are_listed_by_their_share_of_the_request_at_th
     report = Report(latency={"count": 30, "p50_ms": 62.0}, stages={}, environment={}, findings=[cold, batching, items])
     assert [f.id for f in report.findings_by_severity()] == ["per-item-calls", "no-batching", "cold-start"]
     assert Finding.from_dict(items.to_dict()).saving_share == 0.871  # (kept in the saved report)
+    # a measured saving keeps the share of the p50 its own blocks measured (the concurrent
+    # phase, probed and sampled, ran slower than the blocks)
+    measured = Finding("no-batching", "high", "b", saving_ms=41.9, saving_load="c=8", saving_basis="measured", saving_share=0.5456)
+    cap_savings([measured], 12.0, {"c=8": 103.4})
+    assert measured.saving_share == 0.5456
 
 
 def test_rules_without_evidence_are_listed_as_not_checked():

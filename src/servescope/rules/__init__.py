@@ -89,8 +89,9 @@ def cap_savings(findings: list[Finding], p50_ms: float, p50_at: dict[str, float]
     stated at (``p50_at``: "c=1" -> the p50 of one caller, "c=8" -> of eight): when they
     would, each is scaled by the same factor and says so, and those ranked by their saving
     are ranked again on the scaled figure. Savings at different loads never add up. Each
-    then gets its share of the p50 at its load (``saving_share``: how findings of one severity
-    are ordered, as milliseconds at one client and at eight are not the same unit)."""
+    keeps its share of the p50 at its load (``saving_share``: how findings of one severity are
+    ordered, as milliseconds at one client and at eight are not the same unit): of the p50 its
+    own blocks measured for a measured saving, else of ``p50_at``'s."""
     p50_at = {"c=1": p50_ms, **(p50_at or {})}
     loads: dict[str, list[Finding]] = {}
     for f in findings:
@@ -100,7 +101,8 @@ def cap_savings(findings: list[Finding], p50_ms: float, p50_at: dict[str, float]
         p50 = p50_at.get(load) or 0.0
         _cap(group, p50)
         for f in group:
-            f.saving_share = round((f.saving_ms or 0.0) / p50, 4) if p50 > 0 else None
+            if f.saving_share is None and p50 > 0:
+                f.saving_share = round((f.saving_ms or 0.0) / p50, 4)
 
 
 def _cap(per_request: list[Finding], p50_ms: float) -> None:
@@ -132,6 +134,8 @@ def _scale(group: list[Finding], budget: float, total: float, p50_ms: float) -> 
         )
         if f.saving_low_ms is not None and f.saving_high_ms is not None:
             f.saving_low_ms, f.saving_high_ms = round(f.saving_low_ms * factor, 3), round(f.saving_high_ms * factor, 3)
+        if f.saving_share is not None:
+            f.saving_share = round(f.saving_share * factor, 4)
         if f.id in SAVING_RANKED:  # (a measured saving by the low end of its interval, as the rules rank it)
             banked = f.saving_ms if f.saving_low_ms is None else min(f.saving_ms, max(f.saving_low_ms, 0.0))
             f.severity = severity(banked, p50_ms)

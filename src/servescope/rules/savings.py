@@ -52,7 +52,8 @@ class Saving:
         if self.ms is None:
             return {}
         return {"saving_basis": self.basis, "saving_low_ms": self.low_ms, "saving_high_ms": self.high_ms,
-                "saving_coverage": self.coverage, "saving_load": self.load}  # fmt: skip
+                "saving_coverage": self.coverage, "saving_load": self.load,
+                "saving_share": round(self.ms / self.p50_ms, 4) if self.p50_ms > 0 else None}  # fmt: skip
 
     def severity(self) -> str:
         """From the share of the p50 the fix saves; a measured saving from the low end of its
