@@ -334,6 +334,7 @@ def test_concurrent_requests_find_their_server_traces_by_id(kind, helper):
     try:
         obs, _ = target.concurrent(b"{}", concurrency=2, requests=8, timeout_s=1.0, max_seconds=10)
         assert (target._outside.proc is not None) == (helper == "outside")
+        assert target.load_from == "a helper process" if helper == "outside" else target.load_from.startswith("this process")
     finally:
         target.stop()
     ok = [o for o in obs if o.error is None]

@@ -12,7 +12,6 @@ from servescope.doctor.endpoints import FunctionEndpoint
 from servescope.doctor.evidence import ONE_CALL_EACH, Evidence, Forwards, MissingEvidence, Warm, WhatIf
 from servescope.doctor.experiments import Lab, Seen
 from servescope.doctor.experiments.answers import close, plain
-from servescope.doctor.experiments.batching import _form
 from servescope.doctor.experiments.items import Items, batch_items
 from servescope.doctor.inputs import fingerprint
 from servescope.rules import diagnose_evidence
@@ -149,6 +148,44 @@ def test_a_forecast_whose_next_window_holds_the_last_prediction_is_not_merged():
     assert items.merged == 1 and not items.broken
 
 
+@pytest.mark.parametrize("form", ["frame", "long window"])
+def test_a_forecast_is_caught_in_a_pandas_frame_and_at_the_end_of_a_long_window(form):
+    pd = pytest.importorskip("pandas")
+
+    class Forecaster:
+        def predict(self, x):
+            return np.asarray(x, dtype=float).mean(axis=1) * 1.0137
+
+    items = Items(Forecaster().predict, lambda a, k: a[0])
+    for _ in range(2):
+        window = [0.25 * (i % 9) for i in range(4608)]  # (4608 values: the newest beyond the first 4096)
+        for _ in range(4):
+            x = pd.DataFrame([window[-8:]], columns=[f"lag{i}" for i in range(8)]) if form == "frame" else np.array([window])
+            window = window[1:] + [float(items(x)[0])]
+    assert items.merged == 0 and "depend on each other" in items.broken
+
+
+def test_a_number_an_answer_shares_with_a_later_input_by_chance_does_not_make_items_dependent():
+    """Images normalised from 8-bit pixels take few values: an answer may hold one of them.
+    One such call among eight is chance, not a loop; half-precision values are not read."""
+
+    class Classifier:
+        def predict(self, x):
+            return x.reshape(len(x), -1).mean(axis=1, keepdims=True) * 1.37
+
+    model = Classifier()
+    images = [np.full((1, 3, 4, 4), 0.1 * i + 0.01234567) for i in range(8)]
+    images[2][0, 0, 0, 0] = model.predict(images[0])[0, 0]  # (the first image's answer, met again as a pixel of the third)
+    items = Items(model.predict, lambda a, k: a[0])
+    for _ in range(2):
+        [items(im) for im in images]
+    assert items.fed == 1 and items.merged == 1 and not items.broken, items.broken
+    half = np.full((1, 4), 0.7654321, dtype=np.float16)
+    from servescope.doctor.experiments.items import _values
+
+    assert _values(half) == set() and _values(np.float32(0.5)) == set()
+
+
 def test_a_model_called_once_a_request_is_not_a_loop_over_items():
     model = Scorer()
     w = _tried(_handler(model, items=1), model, 2.0)
@@ -237,6 +274,10 @@ def test_texts_tokenized_one_by_one_are_padded_to_one_call_and_cut_back():
     assert all(torch.allclose(a, m, atol=1e-5) for a, m in zip(alone, merged))
 
 
+def _nesting(x):
+    return [_nesting(x[0])] if isinstance(x, list) and x else type(x).__name__
+
+
 @pytest.mark.parametrize("top_k", ["legacy", None])
 def test_a_pipeline_called_per_text_is_merged_and_each_text_gets_its_answer_in_the_form_it_had(top_k):
     """``[pipe(t) for t in texts]``: one call over the texts answers a list, one entry per text;
@@ -262,6 +303,22 @@ def test_a_pipeline_called_per_text_is_merged_and_each_text_gets_its_answer_in_t
     assert items.merged == 1 and not items.broken
     # one forward for the three texts (the pipeline is given a batch_size, as the fix says), then each alone (the check)
     assert sorted(forwards) == [1, 1, 1, 3], forwards
-    assert all(_form(m) == _form(a) for a, m in zip(alone, merged))  # [dict], or [[dict, dict, dict]]
+    assert all(_nesting(m) == _nesting(a) for a, m in zip(alone, merged))  # [dict], or [[dict, dict, dict]]
     assert all(close(plain(a), plain(m))[0] for a, m in zip(alone, merged))
     assert not close(plain(alone[0]), plain(merged[1]))[0]  # (each its own text's)
+
+
+def test_a_merged_pipeline_call_gives_each_text_its_entities_and_keeps_a_keywords_labels_as_they_are():
+    from servescope.doctor.experiments.batching import run_merged
+
+    seen = []
+
+    def tag(texts, candidate_labels=("a", "b")):  # answers as a token-classification pipeline: numpy scalars in dicts
+        seen.append(list(candidate_labels))
+        one = lambda t: [{"word": w, "score": np.float32(len(w) / 10)} for w in t.split()]  # noqa: E731
+        return one(texts) if isinstance(texts, str) else [one(t) for t in texts]
+
+    calls = [(("red shoes",), {"candidate_labels": ["x", "y"]}), (("a blue hat",), {"candidate_labels": ["x", "y"]})]
+    out = run_merged(tag, calls, like=tag("red shoes"))
+    assert [[d["word"] for d in o] for o in out] == [["red", "shoes"], ["a", "blue", "hat"]]
+    assert seen[-1] == ["x", "y"]  # (the labels given once, not once per caller)

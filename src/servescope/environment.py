@@ -7,24 +7,39 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["HELPERS", "CpuReading", "available_cpus", "capture_environment", "cpu_pressure_us", "helper_cpu_seconds", "idle_cpu_seconds"]
+__all__ = [
+    "HELPERS", "CpuReading", "available_cpus", "capture_environment", "cpu_pressure_us", "helper_cpu_seconds", "idle_cpu_seconds",
+    "retire_helper",
+]
 
 #: pids of the processes servescope started to do its own measuring (the doctor's load
 #: helper): their CPU is the measurer's, never taken for a neighbour's
 HELPERS: set[int] = set()
 
 
+_retired_cpu = [0.0]  # what the helpers that ended had used (the total never goes back)
+
+
+def _cpu_of(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def helper_cpu_seconds() -> float:
-    """The CPU seconds the live ``HELPERS`` have used (Linux ``/proc``; 0 elsewhere)."""
-    total = 0.0
-    for pid in list(HELPERS):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+    """The CPU seconds the ``HELPERS`` have used, those that ended included (Linux ``/proc``;
+    0 elsewhere)."""
+    return _retired_cpu[0] + sum(_cpu_of(pid) for pid in list(HELPERS))
+
+
+def retire_helper(pid: int) -> None:
+    """A helper about to end: what it used is kept in the total, and it is read no more."""
+    if pid in HELPERS:
+        _retired_cpu[0] += _cpu_of(pid)
+        HELPERS.discard(pid)
 
 
 def _cgroup_cpus() -> float | None:

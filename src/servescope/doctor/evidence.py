@@ -192,9 +192,13 @@ class Concurrent:
     loop: LoopActivity | None = None  # None when the endpoint has no event loop (WSGI, sync function)
     cpu_cores_busy: float | None = None  # process CPU time / wall time during the phase
     gil_wait_p50_ms: float | None = None  # how late a thread that only wants the GIL gets it
-    #: the machine's CPUs (those this process may use) left idle during the phase; None where
-    #: the OS does not say (not Linux, or a cgroup quota)
+    #: the machine's CPUs (those this process may use) no other process used during the phase:
+    #: left idle, or used by the doctor's own load helper (a stand-in for clients elsewhere);
+    #: None where the OS does not say (not Linux, or a cgroup quota)
     machine_cores_idle: float | None = None
+    #: where the phase's load came from: "a helper process" (as a server's clients'), or "this
+    #: process" and why (a load generator there shares the GIL with the app); "" for a function
+    load_from: str = ""
     worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
     #: doctor --pid, from outside: the share of the phase one thread of the process held the
     #: GIL (py-spy --gil), the threads working on requests on average, and the cores' worth of

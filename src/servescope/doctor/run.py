@@ -217,7 +217,6 @@ class _Run:
     def _concurrent_phase(self) -> None:
         o = self.options
         self.tick("concurrent requests", 0.0)
-        budget = max(self._left() * 0.75, 1.0)
         done = threading.Event()
 
         def still_going() -> None:  # the parent hears from the run while the phase lasts
@@ -225,13 +224,14 @@ class _Run:
                 self.tick("concurrent requests", 0.5)
 
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
-        if self.endpoint.loop_thread_id:  # (does the loop's own thread stop in a blocking wait?)
-            self.sampler.watch.add(self.endpoint.loop_thread_id)
-        ready = getattr(self.endpoint, "ready_load", None)  # (an app's load comes from a helper process)
-        if ready is not None:
-            ready()
-        cpu0, idle0, help0, t0 = time.process_time(), idle_cpu_seconds(), helper_cpu_seconds(), time.perf_counter_ns()
         try:
+            ready = getattr(self.endpoint, "ready_load", None)  # (an app's load comes from a helper process,
+            if ready is not None:  # started before the phase's clock and budget: its imports are not load)
+                ready()
+            budget = max(self._left() * 0.75, 1.0)
+            if self.endpoint.loop_thread_id:  # (does the loop's own thread stop in a blocking wait?)
+                self.sampler.watch.add(self.endpoint.loop_thread_id)
+            cpu0, idle0, help0, t0 = time.process_time(), idle_cpu_seconds(), helper_cpu_seconds(), time.perf_counter_ns()
             self.conc, self.conc_elapsed = self.endpoint.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
         finally:
             done.set()
@@ -252,6 +252,7 @@ class _Run:
             "machine_cores_idle": round((idle1 - idle0 + help1 - help0) / wall_s, 2) if t1 > t0 and idle0 is not None and idle1 is not None else None,
             "gil_wait_p50_ms": self.sampler.gil_wait_p50_ms(t0, t1),
             "worker_hot_spot": self.sampler.threads_hot_spot(t0, t1, exclude),
+            "load_from": getattr(self.endpoint, "load_from", ""),
         }
 
     def _batch_probe(self) -> None:

@@ -355,7 +355,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     if width < 2 or not conc.throughput_rps or not conc.sequential_rps:
         return []
     if ev.p50_ms < GIL_MIN_REQUEST_MS:
-        # the doctor's own client (and, for an app, the server's HTTP work) share the process's
+        # a function's callers (and, for an app, the server's HTTP work) share the process's
         # GIL: on requests this short they are a large part of what holds it
         raise MissingEvidence(
             f"requests of {ev.p50_ms:.2g} ms are too short to tell the endpoint's hold on the GIL from the "

@@ -104,6 +104,7 @@ class _HTTPEndpoint:
         self.lag_ms: list[float] = []
         self._next_id = 0
         self._outside: OutsideLoad | None = None
+        self.load_from = ""  # where the last concurrent phase's load came from (said in the evidence)
 
     @property
     def url(self) -> str:
@@ -169,16 +170,26 @@ class _HTTPEndpoint:
         does (endpoints/outside.py), from this process where no helper could run; each result
         finds its trace by the id its answer named (one that got no answer has none, and never
         takes another's)."""
+        t0 = time.perf_counter()
         got = self._outside_rows(body, concurrency, requests, timeout_s, max_seconds)
-        if got is None:
+        self.load_from = "a helper process"
+        if got is None:  # (what the helper spent before it broke is not spent again)
+            assert self._outside is not None
+            self.load_from = f"this process: no helper process could send it ({self._outside.broken})"
+            left = max(max_seconds - (time.perf_counter() - t0), 1.0)
             results, elapsed = closed_loop_block(
-                self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=max_seconds
+                self.url, self.method, body, self.content_type, concurrency=concurrency, requests=requests, timeout_s=timeout_s, max_seconds=left
             )
             got = rows_of(results), elapsed
         rows, elapsed = got
         obs = []
+        wait_until = time.monotonic() + 1.0  # (the server records just after the last byte)
         for r in rows:
-            tr, ev = (self.collector.find(r.request_id) if r.request_id else None) or (None, None)
+            found = self.collector.find(r.request_id) if r.request_id else None
+            while found is None and r.request_id and r.error is None and time.monotonic() < wait_until:
+                time.sleep(0.0005)
+                found = self.collector.find(r.request_id)
+            tr, ev = found or (None, None)
             obs.append(Observation(r.latency_ms, r.status, r.error, tr, ev or {}, None, r.first_chunk_ms, r.chunk_gaps_ms))
         self.collector.forget()
         return obs, elapsed

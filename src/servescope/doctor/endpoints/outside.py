@@ -5,8 +5,9 @@ The doctor serves an app in its own process, and a load generator there shares t
 the app's loop and worker threads. Near 200 requests a second that costs the app several
 milliseconds a request, more for the arm with the fix (it answers faster), so a saving at
 concurrency came out smaller than the fixed twin's under uvicorn (docs/benchmarks.md, session
-13), and on a busy machine the concurrent phase's p50 carried about 15% of the client's own
-work. The load is sent by a helper process instead, as a server's clients are. Each answer
+13), and beside a core-burning neighbour the concurrent phase's p50 came out 1.35-1.75x a
+server's, against 1.1-1.2x from a helper (session 21). The load is sent by a helper process
+instead, as a server's clients are (in this process only where no helper can run). Each answer
 names its request's id in Server-Timing, and the helper hands the ids back, so the phase still
 finds each request's trace.
 
@@ -21,14 +22,15 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import select
 import subprocess
 import sys
-import re
+import tempfile
 import time
 from typing import Any, NamedTuple
 
-from ...environment import HELPERS
+from ...environment import HELPERS, retire_helper
 
 __all__ = ["OutsideLoad", "Row", "closed_loop_block", "rows_of"]
 
@@ -73,15 +75,17 @@ class OutsideLoad:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.broken = ""
+        self._stderr: Any = None  # (what the helper said, for why it broke)
 
     def start(self) -> bool:
         """Start the helper and wait for its imports (once); False when it cannot run."""
         if self.proc is not None or self.broken:
             return not self.broken
         try:
+            self._stderr = tempfile.TemporaryFile()
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "servescope.doctor.endpoints.outside"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
             )  # fmt: skip
             HELPERS.add(self.proc.pid)  # (its CPU is the doctor's client's, not a neighbour's)
             if self._line(START_S) != READY:
@@ -119,23 +123,31 @@ class OutsideLoad:
         return line
 
     def _broke(self, exc: Exception) -> None:
-        self.broken = f"{type(exc).__name__}: {exc}"
-        self.close()
+        self.close(keep_stderr=True)
+        said = []
+        if self._stderr is not None:
+            self._stderr.seek(0)
+            said = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+            self._stderr.close()
+            self._stderr = None
+        self.broken = f"{type(exc).__name__}: {exc}" + (f" (it said: {said[-1][:200]})" if said else "")
 
-    def close(self) -> None:
+    def close(self, keep_stderr: bool = False) -> None:
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        HELPERS.discard(proc.pid)
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()  # (its loop ends at the end of its input)
-            proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            retire_helper(proc.pid)
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()  # (its loop ends at the end of its input)
+                proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._stderr is not None and not keep_stderr:
+            self._stderr.close()
+            self._stderr = None
 
 
 def closed_loop_block(

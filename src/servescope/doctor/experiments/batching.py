@@ -42,7 +42,7 @@ def _kind(x: Any, rows: bool = True) -> str:
         return "array"
     if mod.startswith("pandas") and hasattr(x, "iloc"):
         return "frame"
-    if isinstance(x, list) and x and all(isinstance(v, str) for v in x):
+    if rows and isinstance(x, list) and x and all(isinstance(v, str) for v in x):
         return "texts"
     if rows and (r := number_rows(x)) is not None and len({len(v) for v in r}) == 1:  # model.predict([features])
         return "rows"
@@ -56,7 +56,8 @@ def _rows(x: Any) -> int:
 def merge(items: list[Any], depth: int = 0, stack_rows: bool = True) -> tuple[Any, list[int]]:
     """The items' inputs stacked along the first axis, and each item's row count (from its
     first batched leaf). Raises ``Mismatch`` when they do not line up. ``stack_rows``: lists of
-    number lists are rows to stack (a positional input), not an option that must be equal."""
+    texts or of number lists are rows to stack (a positional input), not an option that must
+    be equal (a zero-shot pipeline's ``candidate_labels``)."""
     first = items[0]
     kind = _kind(first, stack_rows)
     if kind:
@@ -155,9 +156,10 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
 
 
 def _has_array(x: Any, depth: int = 0) -> bool:
-    """Whether ``x`` holds an array or a tensor (a batched leaf), in its first levels."""
+    """Whether ``x`` holds an array or a tensor with an axis (a batched leaf), in its first
+    levels (a numpy scalar, as a token-classification pipeline's scores, is a number)."""
     if hasattr(x, "shape"):
-        return True
+        return len(x.shape) > 0
     if depth > 3:
         return False
     if isinstance(x, dict):
@@ -188,7 +190,8 @@ def _batch_options(call: Callable[..., Any]) -> dict[str, Any]:
     given a list runs it one text at a time unless it is given a ``batch_size`` (the fix the
     rules write, ``pipe(texts, batch_size=16)``)."""
     owner = getattr(call, "__self__", call)
-    return {"batch_size": MAX_BATCH} if type(owner).__module__.startswith("transformers.pipelines") else {}
+    pipeline = getattr(sys.modules.get("transformers"), "Pipeline", None)  # (loaded by the user's code, if at all)
+    return {"batch_size": MAX_BATCH} if isinstance(pipeline, type) and isinstance(owner, pipeline) else {}
 
 
 def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]], like: Any = None) -> list[Any]:
@@ -280,8 +283,9 @@ class Batcher:
         if len(batch) > 1 and not self.broken:
             try:
                 out = run_merged(self.call, [(c.args, c.kwargs) for c in batch], self.like)
-                if not self.checked:
+                if not self.checked:  # (the first caller's rows and the last's: each its own)
                     self._check(batch[0], out[0])
+                    self._check(batch[-1], out[-1])
                 for c, o in zip(batch, out):
                     c.result, c.done = o, True
                 self.merged += 1

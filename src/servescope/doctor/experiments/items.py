@@ -56,6 +56,7 @@ class Items:
         self.broken = ""
         self.outputs: set[str] = set()  # the learnt request's outputs, array by array
         self.values: set[float] = set()  # ... and the distinctive numbers in them
+        self.fed = 0  # the learnt calls whose input held one of those numbers
         self.like: Any = None  # the first call's answer: the form each merged answer takes
         self.lock = threading.Lock()
 
@@ -73,8 +74,10 @@ class Items:
         with self.lock:
             new = self._new_request(fp)
             if self.learning and not new:
-                if _prints((args, kwargs)) & self.outputs or _values((args, kwargs)) & self.values:
-                    self.broken = DEPENDENT
+                if _prints((args, kwargs)) & self.outputs:
+                    self.broken = DEPENDENT  # (an earlier call's output array itself)
+                elif _values((args, kwargs)) & self.values:
+                    self.fed += 1
                 out = self.call(*args, **kwargs)
                 self.like = out if not self.plan else self.like
                 if len(self.plan) < MAX_ITEMS:
@@ -82,6 +85,8 @@ class Items:
                     self.outputs |= _prints(out)
                     self.values |= _values(out)
                 return out
+            if self.learning and self.fed >= max(FED_CALLS, (len(self.plan) - 1) // 2):
+                self.broken = DEPENDENT  # (step after step took a number of an answer before it)
             self.learning = False  # the first call of the next request: the plan is whole
             if self.broken or fp is None:
                 return self.call(*args, **kwargs)
@@ -151,29 +156,66 @@ def _prints(obj: Any) -> set[str]:
     return {p for _, leaf in leaves(obj) if (p := fingerprint(leaf)) is not None}
 
 
-#: numbers taken from each array, tensor or list of numbers (the first ones)
-VALUES_PER_LEAF = 4096
+#: numbers read from a call's inputs or answer: the first and the last half of them from each
+#: array (a forecast's window ends with its newest value), and this many in all
+VALUES_PER_CALL = 4096
+#: a loop that feeds its answers back does so at every step: this many of a request's calls
+#: (and half of those after the first) must hold a number of an earlier answer, as one
+#: number that matches by chance must not decide it
+FED_CALLS = 2
 
 
-def _values(obj: Any, depth: int = 0) -> set[float]:
-    """The distinctive numbers in ``obj``: floats with more than four decimals (a model's
-    answer, not a feature like 0.5 or 3.25), from float arrays, CPU tensors and lists of
-    numbers. An item whose input holds one of an earlier call's output (a forecast whose next
-    window ends with the last prediction) depends on that call."""
-    if depth > 4:
-        return set()
-    flat: Any = None
-    if hasattr(obj, "detach") and getattr(obj, "is_floating_point", lambda: False)() and obj.device.type == "cpu":
-        flat = obj.detach().reshape(-1)[:VALUES_PER_LEAF].tolist()
-    elif hasattr(obj, "dtype") and hasattr(obj, "reshape") and getattr(obj.dtype, "kind", "") == "f":
-        flat = obj.reshape(-1)[:VALUES_PER_LEAF].tolist()
+def _values(obj: Any) -> set[float]:
+    """The distinctive numbers in ``obj``: floats of 24 bits of mantissa or more with more
+    than four decimals (a model's answer, not a feature like 0.5 or 3.25, nor one of the few
+    values a half-precision pixel can take), from float arrays, CPU tensors, pandas frames and
+    lists of numbers. A call whose input holds one of an earlier call's answers (a forecast
+    whose next window ends with the last prediction) may depend on it. Never raises: what
+    cannot be read adds nothing."""
+    out: set[float] = set()
+    try:
+        _gather(obj, out, 0, [4 * VALUES_PER_CALL])
+    except Exception:  # noqa: BLE001 - an exotic array type: read what could be read
+        pass
+    return out
+
+
+def _gather(obj: Any, out: set[float], depth: int, left: list[int]) -> None:
+    """Into ``out``, the distinctive numbers of ``obj``; ``left``: the objects still to visit."""
+    left[0] -= 1
+    if depth > 4 or len(out) >= VALUES_PER_CALL or left[0] < 0:
+        return
+    mod = type(obj).__module__
+    arr: Any = None
+    if mod == "torch" or mod.startswith("torch."):
+        if hasattr(obj, "is_floating_point") and obj.is_floating_point() and obj.device.type == "cpu" and obj.element_size() >= 4:
+            arr = obj.detach().reshape(-1)
+    elif mod.startswith("pandas") and hasattr(obj, "to_numpy"):
+        num = obj.select_dtypes("number") if hasattr(obj, "select_dtypes") else obj
+        arr = num.to_numpy().reshape(-1)
+    elif hasattr(obj, "dtype") and hasattr(obj, "reshape"):
+        arr = obj.reshape(-1)
     elif isinstance(obj, float):
-        flat = [obj]
+        _keep([obj], out)
     elif isinstance(obj, dict):
-        return set().union(*(_values(v, depth + 1) for v in list(obj.values())[:64]))
+        for v in list(obj.values())[:64]:
+            _gather(v, out, depth + 1, left)
     elif isinstance(obj, (list, tuple)):
-        return set().union(*(_values(v, depth + 1) for v in obj[:VALUES_PER_LEAF]))
-    return {v for v in flat if v == v and v != round(v, 4)} if flat else set()
+        half = VALUES_PER_CALL // 2
+        for v in (obj if len(obj) <= 2 * half else [*obj[:half], *obj[-half:]]):
+            _gather(v, out, depth + 1, left)
+    if arr is None:
+        return
+    dtype = getattr(arr, "dtype", None)
+    if mod.startswith(("numpy", "pandas")) and (getattr(dtype, "kind", "") != "f" or dtype.itemsize < 4):
+        return
+    half = VALUES_PER_CALL // 2
+    n = int(arr.shape[0])
+    _keep(arr.tolist() if n <= 2 * half else [*arr[:half].tolist(), *arr[-half:].tolist()], out)
+
+
+def _keep(values: list[Any], out: set[float]) -> None:
+    out.update(v for v in values if isinstance(v, float) and v == v and v != round(v, 4))
 
 
 def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
