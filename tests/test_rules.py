@@ -339,6 +339,24 @@ def test_findings_of_one_severity_are_listed_by_their_share_of_the_request_at_th
     assert measured.saving_share == 0.5456
 
 
+def test_savings_at_concurrency_are_capped_by_the_p50_the_experiments_blocks_served_not_the_probed_phases():
+    from servescope.rules import _served_p50
+
+    ev = healthy()
+    ev.concurrent.concurrency, ev.concurrent.p50_ms = 8, 103.0  # (the probed, sampled phase)
+    ev.experiments = {
+        "batching": WhatIf(fix="b", tried=True, concurrency=8, base_p50_ms=77.0, saving_ms=40.0),
+        "off-the-loop": WhatIf(fix="o", tried=True, concurrency=8, base_p50_ms=75.0, saving_ms=60.0),
+        "memoise-loaders": WhatIf(fix="m", tried=True, concurrency=1, base_p50_ms=9.0, saving_ms=1.0),
+        "processes": WhatIf(fix="p", tried=False, concurrency=8, base_p50_ms=300.0),
+    }
+    assert _served_p50(ev, 8, "latency") == 77.0 and _served_p50(ev, 8, "first chunk") is None
+    batching = Finding("no-batching", "high", "b", saving_ms=40.0, saving_load="c=8", saving_basis="measured")
+    loop = Finding("event-loop-blocked", "high", "l", saving_ms=60.0, saving_load="c=8", saving_basis="measured")
+    cap_savings([batching, loop], 2.0, {"c=8": _served_p50(ev, 8, "latency")})
+    assert batching.saving_ms + loop.saving_ms == pytest.approx(77.0, abs=0.01)  # (against 103, they would pass uncapped)
+
+
 def test_rules_without_evidence_are_listed_as_not_checked():
     ev = Evidence(target_kind="url", cold=Cold(latency_ms=3.0), warm=Warm(requests=30, p50_ms=2.0), p50_ms=2.0)
     ev.missing["environment"] = "the server's CPUs are not visible from outside"
