@@ -13,6 +13,7 @@ each other (or an output without a batch axis) is not batched, and the fix is no
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ class Mismatch(Exception):
     """Inputs that cannot be stacked into one call."""
 
 
-def _kind(x: Any, rows: bool = True) -> str:
+def _kind(x: Any, stack_rows: bool = True) -> str:
     mod = type(x).__module__
     if mod.startswith("torch") and hasattr(x, "shape") and hasattr(x, "device"):
         return "tensor"
@@ -42,9 +43,9 @@ def _kind(x: Any, rows: bool = True) -> str:
         return "array"
     if mod.startswith("pandas") and hasattr(x, "iloc"):
         return "frame"
-    if rows and isinstance(x, list) and x and all(isinstance(v, str) for v in x):
+    if stack_rows and isinstance(x, list) and x and all(isinstance(v, str) for v in x):
         return "texts"
-    if rows and (r := number_rows(x)) is not None and len({len(v) for v in r}) == 1:  # model.predict([features])
+    if stack_rows and (r := number_rows(x)) is not None and len({len(v) for v in r}) == 1:  # model.predict([features])
         return "rows"
     return ""
 
@@ -119,24 +120,17 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
     """Each caller's rows of a merged call's output (leaves without the batch axis: the same
     object for every caller)."""
     total = sum(rows)
+    ends = list(itertools.accumulate(rows))
+    bounds = list(zip([0, *ends[:-1]], ends))
     kind = _kind(out)
     if kind or (hasattr(out, "shape") and getattr(out, "ndim", 0) > 0):
         if _rows(out) != total:
             raise Mismatch("the output has no batch axis")
-        bounds, at = [], 0
-        for r in rows:
-            bounds.append((at, at + r))
-            at += r
         if kind == "frame":
             return [out.iloc[a:b] for a, b in bounds]
         return [out[a:b] for a, b in bounds]
     if isinstance(out, list) and len(out) == total and not any(_has_array(v) for v in out):
-        at = 0  # (one answer per input: a pipeline's dicts, lists of entities, numbers)
-        res = []
-        for r in rows:
-            res.append(out[at : at + r])
-            at += r
-        return res
+        return [out[a:b] for a, b in bounds]  # (one answer per input: a pipeline's dicts, lists of entities, numbers)
     if depth > 4:
         return [out] * len(rows)
     if isinstance(out, dict):

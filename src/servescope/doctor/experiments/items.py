@@ -79,7 +79,8 @@ class Items:
                 elif _values((args, kwargs)) & self.values:
                     self.fed += 1
                 out = self.call(*args, **kwargs)
-                self.like = out if not self.plan else self.like
+                if not self.plan:
+                    self.like = out
                 if len(self.plan) < MAX_ITEMS:
                     self.plan.append((fp, args, kwargs))
                     self.outputs |= _prints(out)
