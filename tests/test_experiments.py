@@ -46,6 +46,9 @@ class FakeEndpoint:
     def concurrent(self, body, concurrency, requests, timeout_s, max_seconds):
         return [self.request(body, timeout_s) for _ in range(requests)], requests * self.base_ms / 1000 / concurrency
 
+    def concurrent_from_outside(self, body, concurrency, requests, timeout_s, max_seconds):
+        return None  # (as a function: its load is sent in this process)
+
 
 def toggle(ep: FakeEndpoint) -> Fix:
     def apply():
@@ -559,6 +562,19 @@ def test_inputs_that_do_not_line_up_are_not_merged():
     merged, rows = merge([(["a", "b"],), (["c"],)])
     assert merged == (["a", "b", "c"],) and rows == [2, 1]
     assert [r.tolist() for r in split(np.arange(6).reshape(3, 2), rows)] == [[[0, 1], [2, 3]], [[4, 5]]]
+
+
+def test_an_answer_of_columns_is_not_taken_for_one_entry_per_caller():
+    from servescope.doctor.experiments.batching import run_merged
+
+    def classify(texts):  # [labels, scores]: two columns, each as long as the batch
+        return [[t.upper() for t in texts], [float(len(t)) for t in texts]]
+
+    calls = [((["ab"],), {}), ((["cde"],), {})]  # two callers of one text: a list of two either way
+    assert run_merged(classify, calls, like=classify(["ab"])) == [[["AB"], [2.0]], [["CDE"], [3.0]]]
+    # one entry per text (a pipeline's dicts) is still sliced per caller
+    per_text = lambda texts: [{"label": t} for t in texts]  # noqa: E731
+    assert run_merged(per_text, calls, like=per_text(["ab"])) == [[{"label": "ab"}], [{"label": "cde"}]]
 
 
 def test_the_off_the_loop_fix_runs_an_async_handler_on_threads(monkeypatch):

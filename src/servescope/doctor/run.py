@@ -225,9 +225,7 @@ class _Run:
 
         threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
         try:
-            ready = getattr(self.endpoint, "ready_load", None)  # (an app's load comes from a helper process,
-            if ready is not None:  # started before the phase's clock and budget: its imports are not load)
-                ready()
+            self.endpoint.ready_load()  # (an app's helper process starts before the phase's clock and budget)
             budget = max(self._left() * 0.75, 1.0)
             if self.endpoint.loop_thread_id:  # (does the loop's own thread stop in a blocking wait?)
                 self.sampler.watch.add(self.endpoint.loop_thread_id)
@@ -252,7 +250,7 @@ class _Run:
             "machine_cores_idle": round((idle1 - idle0 + help1 - help0) / wall_s, 2) if t1 > t0 and idle0 is not None and idle1 is not None else None,
             "gil_wait_p50_ms": self.sampler.gil_wait_p50_ms(t0, t1),
             "worker_hot_spot": self.sampler.threads_hot_spot(t0, t1, exclude),
-            "load_from": getattr(self.endpoint, "load_from", ""),
+            "load_from": self.endpoint.load_from,
         }
 
     def _batch_probe(self) -> None:

@@ -58,6 +58,19 @@ class Endpoint(Protocol):
         """``requests`` requests from ``concurrency`` callers, within ``max_seconds``; those
         still running then are marked ``UNFINISHED``."""
 
+    def ready_load(self) -> None:
+        """Start what the concurrent load needs before a phase's clock starts (an app's helper
+        process); nothing for a function, whose callers are threads of this process."""
+
+    def concurrent_from_outside(
+        self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+    ) -> tuple[list[Observation], float] | None:
+        """The load of ``concurrent`` sent from another process (latencies and errors, no
+        traces), or None where it cannot be: a function, or an app whose helper could not run."""
+
+    #: where the last concurrent phase's load came from, said in the evidence ("" before one)
+    load_from: str
+
     def routes(self) -> list[tuple[str, list[str]]]:
         """The app's routes and their methods (empty for a function)."""
 

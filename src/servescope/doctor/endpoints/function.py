@@ -98,6 +98,7 @@ class FunctionEndpoint:
         #: shared loop (the off-the-loop experiment: what a plain ``def`` handler would do)
         self.off_loop = False
         self.lag_ms: list[float] = []
+        self.load_from = "this process: a function's callers are its threads"
 
     @property
     def loop_thread_id(self) -> int | None:
@@ -176,6 +177,12 @@ class FunctionEndpoint:
         first_ms = (first[0] - t0) / 1e6 if first else None
         gaps = [(b - a) / 1e6 for a, b in zip(first, first[1:])]
         return Observation(latency, None, err, tr if tr.total_ns is not None else None, ev, answer, first_ms, gaps)
+
+    def ready_load(self) -> None:
+        pass  # (its callers are threads of this process)
+
+    def concurrent_from_outside(self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float) -> None:
+        return None  # (a function can only be called in this process)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float

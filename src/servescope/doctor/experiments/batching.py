@@ -116,9 +116,9 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
-def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
+def split(out: Any, rows: list[int], depth: int = 0, like: Any = None) -> list[Any]:
     """Each caller's rows of a merged call's output (leaves without the batch axis: the same
-    object for every caller)."""
+    object for every caller; ``like``: one call's answer run alone, where known)."""
     total = sum(rows)
     ends = list(itertools.accumulate(rows))
     bounds = list(zip([0, *ends[:-1]], ends))
@@ -129,7 +129,7 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
         if kind == "frame":
             return [out.iloc[a:b] for a, b in bounds]
         return [out[a:b] for a, b in bounds]
-    if isinstance(out, list) and len(out) == total and not any(_has_array(v) for v in out):
+    if isinstance(out, list) and len(out) == total and not any(_has_array(v) for v in out) and not _columns(out, like):
         return [out[a:b] for a, b in bounds]  # (one answer per input: a pipeline's dicts, lists of entities, numbers)
     if depth > 4:
         return [out] * len(rows)
@@ -147,6 +147,18 @@ def split(out: Any, rows: list[int], depth: int = 0) -> list[Any]:
         cols = [split(v, rows, depth + 1) for v in out]
         return [type(out)(c[i] for c in cols) if isinstance(out, tuple) else [c[i] for c in cols] for i in range(len(rows))]
     return [out] * len(rows)
+
+
+def _columns(out: list[Any], like: Any) -> bool:
+    """Whether a merged list answer is columns (``[labels, scores]``, each as long as the
+    batch) rather than one entry per input, as a lone call's answer shows: a list of as many
+    lists, each shorter than the merged call's (with two callers of one item each, both forms
+    are lists of two)."""
+    if not isinstance(like, (list, tuple)) or len(like) != len(out) or not like:
+        return False
+    if not all(isinstance(c, (list, tuple)) for c in (*like, *out)):
+        return False
+    return len({len(c) for c in like}) == 1 and {len(c) for c in out} == {len(out)} and len(like[0]) < len(out)
 
 
 def _has_array(x: Any, depth: int = 0) -> bool:
@@ -200,7 +212,7 @@ def run_merged(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict
     rows = rows if any(rows) else krows
     if not any(rows):
         raise Mismatch("no batch axis")
-    out = split(call(*merged_args, **merged_kwargs), rows)
+    out = split(call(*merged_args, **merged_kwargs), rows, like=like)
     return [_alone(o, like) for o in out] if single else out
 
 

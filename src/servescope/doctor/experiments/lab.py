@@ -352,10 +352,9 @@ class Lab:
     def _concurrent(self, fix: Fix | None, c: int, n: int) -> tuple[list[float], float | None]:
         # an app's load comes from a helper process where it can (endpoints/outside.py): a load
         # generator in this process shares the GIL with the app, and costs the faster arm more
-        outside = getattr(self.endpoint, "concurrent_from_outside", None)
         undo = fix.apply() if fix is not None else None
         try:
-            got = outside(self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0)) if outside is not None else None
+            got = self.endpoint.concurrent_from_outside(self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0))
             obs, elapsed = got if got is not None else self.endpoint.concurrent(self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0))
         finally:
             if undo is not None:
