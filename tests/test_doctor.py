@@ -468,3 +468,21 @@ def test_the_cpu_of_the_doctors_own_helper_process_is_counted_as_its_own_not_a_n
         child.stdin.close()
         child.wait(10)
         child.stdout.close()
+
+
+def test_the_concurrent_load_is_run_again_without_the_probes_for_the_p50_a_server_shows():
+    from servescope.rules import diagnose_evidence
+    from servescope.doctor.evidence import Evidence
+
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+
+    def predict(payload):  # 40 ms while the doctor's probes are installed, 10 ms without them
+        time.sleep(0.04 if hooks else 0.01)
+        return {"ok": True}
+
+    rep = diagnose(predict, payload={}, options=DoctorOptions(requests=5, concurrency=2, concurrent_requests=8, experiment_seconds=0))
+    conc = rep.extra["evidence"]["concurrent"]
+    assert conc["p50_ms"] >= 38 and 9 <= conc["served_p50_ms"] < 30 and conc["served_rps"] > conc["throughput_rps"]
+    ev = Evidence.from_report(rep)
+    assert ev.concurrent is not None and ev.concurrent.p50_as_served == conc["served_p50_ms"]
+    diagnose_evidence(ev)  # (the rules read it)

@@ -115,6 +115,9 @@ def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
     # model: 2.6 ms instead of the 8 ms p50 measured at c=8
     assert f.id == "no-batching" and f.severity == "critical" and f.saving_load == "c=8"
     assert f.saving_ms == pytest.approx(5.4) and f.saving_basis == "estimated" and "batch probe" in f.detail
+    # where the same load ran again without the probes, that p50 (a server's) is what it saves from
+    [f] = diagnose_evidence(healthy(concurrent__forwards=forwards(count=48), concurrent__served_p50_ms=6.0)).findings
+    assert f.saving_ms == pytest.approx(3.4) and "instead of the 6 ms p50 measured at c=8" in f.detail
     # a runtime batching on its worker, running only the odd lone request in its own context
     assert diagnose_evidence(healthy(concurrent__forwards=forwards(count=3))).findings == []
     # a pipeline unpickled per request (20 ms of Python) around a 0.34 ms model call: the 221 ms
@@ -226,6 +229,14 @@ def test_gil_contention_needs_flat_scaling_one_busy_core_and_a_held_gil():
     # other processes ran on it: a late thread may have waited for a CPU, not the GIL
     shared = diagnose_evidence(healthy(**flat, concurrent__machine_cores_idle=0.1))
     assert shared.findings == [] and "other processes" in shared.not_checked["gil-contention"]
+    # the same load served without the probes: its throughput is the one sized (and judged)
+    [served] = diagnose_evidence(healthy(**flat, concurrent__served_rps=50.0)).findings
+    assert served.saving_ms == pytest.approx(1000 / 50 - 1000 / 120, abs=0.01) and served.evidence["concurrent_rps"] == 50.0
+    # one request alone already kept 1.56 of the 2 CPUs busy (torch's intra-op threads): more
+    # processes could run 1.28 requests at once at most, and the GIL is not what holds them
+    assert diagnose_evidence(healthy(**flat, warm__cpu_cores_busy=1.56)).findings == []
+    [f] = diagnose_evidence(healthy(**flat, warm__cpu_cores_busy=1.1)).findings  # (1.8 at once: sized so)
+    assert f.saving_ms == pytest.approx(1000 / 45 - 1000 / (60 * 2 / 1.1), abs=0.01)
 
 
 def test_gil_contention_quotes_the_users_own_hot_line_with_its_idiom():
@@ -355,6 +366,12 @@ def test_savings_at_concurrency_are_capped_by_the_p50_the_experiments_blocks_ser
     loop = Finding("event-loop-blocked", "high", "l", saving_ms=60.0, saving_load="c=8", saving_basis="measured")
     cap_savings([batching, loop], 2.0, {"c=8": _served_p50(ev, 8, "latency")})
     assert batching.saving_ms + loop.saving_ms == pytest.approx(77.0, abs=0.01)  # (against 103, they would pass uncapped)
+    from servescope.rules import p50_at_loads
+
+    assert p50_at_loads(ev) == {"c=1": ev.p50_ms, "c=8": 77.0}
+    # the concurrent load run again without the probes and the sampler comes first
+    ev.concurrent.served_p50_ms, ev.concurrent.first_chunk_p50_ms, ev.concurrent.served_first_chunk_p50_ms = 70.0, 50.0, 30.0
+    assert p50_at_loads(ev) == {"c=1": ev.p50_ms, "c=8": 70.0, "c=8, first chunk": 30.0}
 
 
 def test_rules_without_evidence_are_listed_as_not_checked():

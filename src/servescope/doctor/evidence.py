@@ -121,6 +121,9 @@ class Warm:
     #: a streamed answer: the gaps between its consecutive chunks (p50, p95)
     chunk_gap_p50_ms: float | None = None
     chunk_gap_p95_ms: float | None = None
+    #: the process's CPU time over the wall time of the sequential requests: the cores one
+    #: request keeps busy alone (torch's intra-op threads: more than one)
+    cpu_cores_busy: float | None = None
     loads_per_request: float = 0.0
     load_ms_per_request: float | None = 0.0  # None: doctor --pid could not tell the requests apart (shares only)
     load_calls: list[str] = field(default_factory=list)
@@ -199,6 +202,13 @@ class Concurrent:
     #: where the phase's load came from: "a helper process" (as a server's clients'), or "this
     #: process" and why (a load generator there shares the GIL with the app); "" for a function
     load_from: str = ""
+    #: the same load again without the probes and the sampler, as a server runs it: its p50
+    #: (to the first chunk for a streamed answer) and throughput. The probed phase runs slower
+    #: (an embedding endpoint at c=8: 105 ms against 76-78 bare, 85-92 under uvicorn); None
+    #: where that run did not finish cleanly
+    served_p50_ms: float | None = None
+    served_first_chunk_p50_ms: float | None = None
+    served_rps: float | None = None
     worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
     #: doctor --pid, from outside: the share of the phase one thread of the process held the
     #: GIL (py-spy --gil), the threads working on requests on average, and the cores' worth of
@@ -211,6 +221,15 @@ class Concurrent:
     #: model calls seen outside any request (a batcher's own thread): counted, not credited
     background_calls: int = 0
     background_batch_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def p50_as_served(self) -> float | None:
+        """The p50 at this concurrency as a server shows it (the bare run), else the probed phase's."""
+        return self.served_p50_ms or self.p50_ms
+
+    @property
+    def first_chunk_p50_as_served(self) -> float | None:
+        return self.served_first_chunk_p50_ms or self.first_chunk_p50_ms
 
 
 @dataclass

@@ -101,6 +101,8 @@ class _Run:
         self.conc: list[Observation] = []
         self.conc_elapsed = 0.0
         self.concurrent_extra: dict[str, Any] = {}
+        self.served: dict[str, float | None] = {}  # the concurrent load without probes or sampler
+        self.warm_cores: float | None = None  # the process's cores over the sequential requests
         self.probe: BatchProbe | None = None
         self.missing: dict[str, str] = {}
         self.probes_at_fault: str | None = None
@@ -123,7 +125,8 @@ class _Run:
         measured, never cut off and called failed. A request that times out ends the phase
         (the next ones would only queue behind it)."""
         o, out = self.options, []
-        deadline = time.perf_counter() + budget_s
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        deadline = t0 + budget_s
         for i in range(o.requests):
             if i >= MIN_OK_REQUESTS and time.perf_counter() > deadline:
                 break
@@ -133,6 +136,8 @@ class _Run:
             self.tick("sequential requests", (i + 1) / o.requests)
             if obs.error and obs.error.startswith("timeout"):
                 break
+        wall = time.perf_counter() - t0
+        self.warm_cores = round((time.process_time() - cpu0) / wall, 2) if wall > 0 else None
         return out
 
     def execute(self) -> None:
@@ -161,6 +166,7 @@ class _Run:
                 self._concurrent_phase()
                 self._machine(reading)  # (over the warm and the concurrent requests: long enough to read)
             self.probes.remove()  # the batch probe times the model alone, without the probes' hooks
+            self._served_phase()
             self.tick("batch probe", 0.0)
             self._batch_probe()
             self._experiments(AT_CONCURRENCY)
@@ -253,6 +259,28 @@ class _Run:
             "load_from": self.endpoint.load_from,
         }
 
+    def _served_phase(self) -> None:
+        """The concurrent phase's load once more, as many requests, without the probes and
+        the sampler: the p50 and throughput a server shows at that concurrency, which savings
+        there are shares of. The probed phase runs slower (docs/benchmarks.md, session 22: an
+        embedding endpoint at c=8, 105 ms probed against 76-78 bare and 85-92 under uvicorn).
+        Nothing is kept from a run with a failed or unfinished request."""
+        o = self.options
+        if len(self.conc) < o.concurrency or self.conc_elapsed <= 0 or any(c.error for c in self.conc):
+            return  # (an endpoint failing under load: its failures are the finding)
+        self.tick("concurrent requests, unprobed", 0.0)
+        n, budget = len(self.conc), min(self.conc_elapsed * 2, max(self._left(), 1.0))
+        got = self.endpoint.concurrent_from_outside(self.body, o.concurrency, n, o.timeout_s, budget)
+        obs, elapsed = got if got is not None else self.endpoint.concurrent(self.body, o.concurrency, n, o.timeout_s, budget)
+        if not obs or elapsed <= 0 or any(c.error for c in obs):
+            self.missing["concurrent.served"] = "the concurrent load without the probes did not finish cleanly within the time left"
+            return
+        self.served = {
+            "served_p50_ms": round(float(np.percentile([c.latency_ms for c in obs], 50)), 3),
+            "served_first_chunk_p50_ms": first_chunk_p50(obs),
+            "served_rps": round(len(obs) / elapsed, 2),
+        }
+
     def _batch_probe(self) -> None:
         calls = self.probes.captured.get("calls") or {}
         # a call whose inputs change with the request (not one repeated whatever it is asked)
@@ -311,6 +339,7 @@ class _Run:
         from ..rules.causes import first_request_slow, loaded_lazily
 
         warm = warm_of(self.warm, self.data_keys)
+        warm.cpu_cores_busy = self.warm_cores
         lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
         if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
             return
@@ -404,6 +433,7 @@ class _Run:
     def _evidence(self) -> Evidence:
         """What the run measured, typed: for the experiments, then the rules."""
         warm = warm_of(self.warm, self.data_keys)
+        warm.cpu_cores_busy = self.warm_cores
         if "warm.forwards" in self.missing:
             warm.forwards = Forwards()
         ok_warm = [w for w in self.warm if w.error is None]
@@ -430,6 +460,7 @@ class _Run:
             background_calls=len(self.probes.background_forwards),
             background_batch_sizes=sorted({f["batch"] for f in self.probes.background_forwards if f.get("batch")}),
             **self.concurrent_extra,
+            **self.served,
         )
         windows: dict[str, list[tuple[int, int]]] = {}
         for w in ok_warm:

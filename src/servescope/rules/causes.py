@@ -30,6 +30,9 @@ WARMED_STAGES = ("load", "preprocess", "to_device", "infer", "to_host", "postpro
 LOOP_BUSY_SHARE, LOOP_BUSY_RUN_MS, LOOP_STALL_HIGH_MS = 0.3, 20.0, 50.0
 GIL_SCALING, GIL_CORES, GIL_WAIT_MS, GIL_FLOOR_MS, GIL_SHARE = 0.7, 0.75, 1.0, 1.0, 0.1
 GIL_MIN_REQUEST_MS = 5.0
+#: requests that could run at once (the CPUs over the cores one request keeps busy alone) under
+#: which more processes have too little to gain for the GIL to be what holds them
+GIL_MIN_WIDTH = 1.5
 GIL_ONE_CORE = 1.15  # a process's CPU, in cores, past which more than one thread ran at once
 GIL_IDLE_SHARE = 0.5  # of the cores the process left unused, the share that must have been idle
 FAILING_HIGH = 0.1

@@ -11,6 +11,7 @@ from .causes import (
     GIL_FLOOR_MS,
     GIL_IDLE_SHARE,
     GIL_MIN_REQUEST_MS,
+    GIL_MIN_WIDTH,
     GIL_ONE_CORE,
     GIL_SCALING,
     GIL_SHARE,
@@ -57,8 +58,8 @@ def no_batching(ev: Evidence) -> list[Finding]:
         return []  # a fraction of a millisecond per item: batching is not this endpoint's problem
     n = conc.concurrency
     at = _per_item_at(probe.per_item_ms, n)
-    estimate, basis = None, ""
-    if at is not None and conc.p50_ms:
+    estimate, basis, p50 = None, "", conc.p50_as_served  # (as a server shows it: the probes slow the phase)
+    if at is not None and p50:
         # with the N callers' items in one forward, each request waits about one batched
         # forward (N x its per-item time) plus its own work outside the model
         size, per_item = at
@@ -69,18 +70,18 @@ def no_batching(ev: Evidence) -> list[Finding]:
         # requests: where the work outside the model queues too (a load or Python code that
         # holds the GIL), the wait at c=N is mostly that work's, and batching leaves it
         bound = n * (one - per_item) * max(fwd.per_request, 1.0)
-        estimate = round(max(min(conc.p50_ms - after, bound), 0.0), 3)
+        estimate = round(max(min(p50 - after, bound), 0.0), 3)
         basis = (
             f"the batch probe: {n} callers' items in one forward of {size} would take about {n * per_item:.3g} ms "
             f"({per_item:.3g} ms per item, against {one:.3g} ms alone), so each request would wait about {after:.3g} ms "
-            f"instead of the {conc.p50_ms:.3g} ms p50 measured at c={n}"
+            f"instead of the {p50:.3g} ms p50 measured at c={n}"
         )
-        if conc.p50_ms - after > bound:
+        if p50 - after > bound:
             basis += (
                 f"; but batching takes only the model's time out of a round of {n} requests ({n} x ({one:.3g} - {per_item:.3g}) ms"
                 f" = {bound:.3g} ms): the rest of that wait is the requests' work outside the model, queued"
             )
-    saving = measured_or_estimated(ev, "batching", estimate_ms=estimate, estimated_from=basis, load=f"c={n}", p50_ms=conc.p50_ms)
+    saving = measured_or_estimated(ev, "batching", estimate_ms=estimate, estimated_from=basis, load=f"c={n}", p50_ms=p50)
     # a streamed answer made by many forwards each: every stream runs its own decoding loop
     decoding = fwd.per_request >= 2 and ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
     return [
@@ -181,9 +182,9 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
     streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
     forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
     busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
-    estimate = min(max(forward if model_on_loop else 0.0, busy_per_request), conc.p50_ms or ev.p50_ms or float("inf"))
+    estimate = min(max(forward if model_on_loop else 0.0, busy_per_request), conc.p50_as_served or ev.p50_ms or float("inf"))
     saving = measured_or_estimated(
-        ev, "off-the-loop", estimate_ms=round(estimate, 3) or None, load=f"c={conc.concurrency}", p50_ms=conc.p50_ms,
+        ev, "off-the-loop", estimate_ms=round(estimate, 3) or None, load=f"c={conc.concurrency}", p50_ms=conc.p50_as_served,
         estimated_from="the time the loop's thread ran the handler's code per request (the wait it puts on the others)",
     )  # fmt: skip
     evidence = {
@@ -243,10 +244,10 @@ def _loop_waits(ev: Evidence, conc: Concurrent) -> list[Finding]:
     if (conc.loop_lag_max_ms or 0.0) < LOOP_BUSY_RUN_MS:
         return []
     streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None and conc.first_chunk_p50_ms is not None
-    if streamed:
-        alone, together, what = ev.warm.first_chunk_p50_ms, conc.first_chunk_p50_ms, "time to the first chunk"  # type: ignore[union-attr]
+    if streamed:  # (at c=N as a server shows it: the probes slow the phase)
+        alone, together, what = ev.warm.first_chunk_p50_ms, conc.first_chunk_p50_as_served, "time to the first chunk"  # type: ignore[union-attr]
     else:
-        alone, together, what = ev.p50_ms, conc.p50_ms, "latency"
+        alone, together, what = ev.p50_ms, conc.p50_as_served, "latency"
     estimate = round(max(together - alone, 0.0), 3) if together is not None and alone is not None else None
     # (an estimate only: the off-the-loop experiment moves model calls, which are not what waits here)
     saving = measured_or_estimated(
@@ -351,8 +352,13 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     if conc.cpu_cores_busy is None or conc.gil_wait_p50_ms is None:
         raise ev.missing_error("concurrent.cpu", "CPU time and GIL waits are not visible from outside the process")
     cpus = env.cpus_available or 1
-    width = min(conc.concurrency, int(cpus))
-    if width < 2 or not conc.throughput_rps or not conc.sequential_rps:
+    # requests that could run at once: one alone may already keep more than a core busy
+    # (torch's intra-op threads), and then more processes have only the rest to gain
+    alone = max((ev.warm.cpu_cores_busy if ev.warm is not None else None) or 1.0, 1.0)
+    cores = min(conc.concurrency, int(cpus))  # (the CPUs the callers could keep busy)
+    width = min(float(conc.concurrency), int(cpus) / alone)
+    rps = conc.served_rps or conc.throughput_rps  # (as a server serves it: the probes slow the phase)
+    if width < GIL_MIN_WIDTH or not rps or not conc.sequential_rps:
         return []
     if ev.p50_ms < GIL_MIN_REQUEST_MS:
         # a function's callers (and, for an app, the server's HTTP work) share the process's
@@ -361,7 +367,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
             f"requests of {ev.p50_ms:.2g} ms are too short to tell the endpoint's hold on the GIL from the "
             "doctor's own work in the same process (it is measured from 5 ms)"
         )
-    scaling = conc.throughput_rps / conc.sequential_rps
+    scaling = rps / conc.sequential_rps
     on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
     loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
     if on_loop or loop_busy:
@@ -369,7 +375,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     warm = ev.warm
     if warm is not None and (warm.loads_per_request >= 0.5 or warm.params_built_per_request > 0):
         return []  # the Python work is the per-request load: model-load-per-request's fix removes it
-    if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * width) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
+    if not (0.5 <= conc.cpu_cores_busy < GIL_CORES * cores) or conc.gil_wait_p50_ms < GIL_WAIT_MS:
         return []  # the CPUs are busy (native code in parallel), idle (waiting), or the GIL is free
     if scaling >= GIL_SCALING * width and conc.cpu_cores_busy >= GIL_ONE_CORE:
         # it scales, and its CPU says how: more than one core's worth ran at once. (Where the
@@ -378,28 +384,29 @@ def gil_contention(ev: Evidence) -> list[Finding]:
         # measured apart, the CPU and the GIL's waits in the same one. The saving below is
         # then small, and the floor judges it.)
         return []
-    unused = width - conc.cpu_cores_busy
+    unused = cores - conc.cpu_cores_busy
     if conc.machine_cores_idle is not None and conc.machine_cores_idle < GIL_IDLE_SHARE * unused:
         # the cores this process left unused were not idle: other processes ran on them, and a
         # thread late for the GIL is as late when the OS has no CPU to give it
         raise MissingEvidence(
             f"the machine's CPUs were busy with other processes during the concurrent phase "
             f"({conc.machine_cores_idle:.2f} cores idle while this process used {conc.cpu_cores_busy:.2f} of "
-            f"{width}), so threads waiting for the GIL cannot be told from threads waiting for a CPU"
+            f"{cores}), so threads waiting for the GIL cannot be told from threads waiting for a CPU"
         )
     # service time per request as served now, and if `width` callers could run at once
-    service = 1000 / conc.throughput_rps - 1000 / (conc.sequential_rps * width)
+    service = 1000 / rps - 1000 / (conc.sequential_rps * width)
     if service < GIL_FLOOR_MS or service < GIL_SHARE * ev.p50_ms:
         return []
     saving = measured_or_estimated(  # (server time per request, not a p50: never added to the p50 savings at c=N)
-        ev, "processes", estimate_ms=round(service, 3), load=f"c={conc.concurrency}, server time", p50_ms=1000 / conc.throughput_rps,
-        estimated_from=f"the server time per request now ({1000 / conc.throughput_rps:.3g} ms) against {width} requests at once",
+        ev, "processes", estimate_ms=round(service, 3), load=f"c={conc.concurrency}, server time", p50_ms=1000 / rps,
+        estimated_from=f"the server time per request now ({1000 / rps:.3g} ms) against {width:.3g} requests at once",
     )  # fmt: skip
     evidence = {
         "concurrency": conc.concurrency,
         "sequential_rps": conc.sequential_rps,
-        "concurrent_rps": conc.throughput_rps,
+        "concurrent_rps": rps,
         "scaling": round(scaling, 2),
+        "cores_one_request_alone": ev.warm.cpu_cores_busy if ev.warm is not None else None,
         "cpu_cores_busy": conc.cpu_cores_busy,
         "cpus_available": cpus,
         "gil_wait_p50_ms": conc.gil_wait_p50_ms,
@@ -419,7 +426,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
             detail=f"{conc.concurrency} callers got {scaling:.2f}x the throughput of one while the process used "
             f"{conc.cpu_cores_busy:.2f} of {cpus:g} CPUs, and a thread that only wanted the GIL waited "
             f"{conc.gil_wait_p50_ms:.1f} ms for it (p50). The saving is server time per request if "
-            f"{width} requests could run at once. " + saving.detail,
+            f"{width:.3g} requests could run at once. " + saving.detail,
         )
     ]
 
