@@ -353,8 +353,10 @@ def gil_contention(ev: Evidence) -> list[Finding]:
         raise ev.missing_error("concurrent.cpu", "CPU time and GIL waits are not visible from outside the process")
     cpus = env.cpus_available or 1
     # requests that could run at once: one alone may already keep more than a core busy
-    # (torch's intra-op threads), and then more processes have only the rest to gain
-    alone = max((ev.warm.cpu_cores_busy if ev.warm is not None else None) or 1.0, 1.0)
+    # (torch's intra-op threads), and then more processes have only the rest to gain (up to
+    # GIL_ONE_CORE it is one core's worth: the doctor's sampler and client run beside it)
+    alone = (ev.warm.cpu_cores_busy if ev.warm is not None else None) or 1.0
+    alone = alone if alone >= GIL_ONE_CORE else 1.0
     cores = min(conc.concurrency, int(cpus))  # (the CPUs the callers could keep busy)
     width = min(float(conc.concurrency), int(cpus) / alone)
     rps = conc.served_rps or conc.throughput_rps  # (as a server serves it: the probes slow the phase)
