@@ -268,8 +268,11 @@ class _Run:
         o = self.options
         if len(self.conc) < o.concurrency or self.conc_elapsed <= 0 or any(c.error for c in self.conc):
             return  # (an endpoint failing under load: its failures are the finding)
+        if self._left() < self.conc_elapsed:  # (requests cut off would run on beside what follows)
+            self.missing["concurrent.served"] = f"no time was left to run the concurrent load again without the probes ({self.conc_elapsed:.1f} s)"
+            return
         self.tick("concurrent requests, unprobed", 0.0)
-        n, budget = len(self.conc), min(self.conc_elapsed * 2, max(self._left(), 1.0))
+        n, budget = len(self.conc), min(self.conc_elapsed * 2, self._left())
         got = self.endpoint.concurrent_from_outside(self.body, o.concurrency, n, o.timeout_s, budget)
         obs, elapsed = got if got is not None else self.endpoint.concurrent(self.body, o.concurrency, n, o.timeout_s, budget)
         if not obs or elapsed <= 0 or any(c.error for c in obs):
