@@ -200,7 +200,7 @@ class Concurrent:
     #: None where the OS does not say (not Linux, or a cgroup quota)
     machine_cores_idle: float | None = None
     #: where the phase's load came from: "a helper process" (as a server's clients'), or "this
-    #: process" and why (a load generator there shares the GIL with the app); "" for a function
+    #: process" and why (a load generator there shares the GIL with the app; a function's callers are its threads)
     load_from: str = ""
     #: the same load again without the probes and the sampler, as a server runs it: its p50
     #: (to the first chunk for a streamed answer) and throughput. The probed phase runs slower
