@@ -40,6 +40,7 @@ from .evidence import (
     Forwards,
     Machine,
     Repeated,
+    Warm,
     WhatIf,
 )
 from .batchprobe import batch_probe
@@ -48,7 +49,7 @@ from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, 
 from .failures import ExceptionLog
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
-from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
+from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, untraced_load
 from .options import MIN_OK_REQUESTS, DoctorOptions
 from .send import Send
 from .verdict import verdict_of
@@ -139,6 +140,11 @@ class _Run:
         wall = time.perf_counter() - t0
         self.warm_cores = round((time.process_time() - cpu0) / wall, 2) if wall > 0 else None
         return out
+
+    def _warm_evidence(self) -> Warm:
+        warm = warm_of(self.warm, self.data_keys)
+        warm.cpu_cores_busy = self.warm_cores
+        return warm
 
     def execute(self) -> None:
         o = self.options
@@ -273,8 +279,7 @@ class _Run:
             return
         self.tick("concurrent requests, unprobed", 0.0)
         n, budget = len(self.conc), min(self.conc_elapsed * 2, self._left())
-        got = self.endpoint.concurrent_from_outside(self.body, o.concurrency, n, o.timeout_s, budget)
-        obs, elapsed = got if got is not None else self.endpoint.concurrent(self.body, o.concurrency, n, o.timeout_s, budget)
+        obs, elapsed = untraced_load(self.endpoint, self.body, o.concurrency, n, o.timeout_s, budget)
         if not obs or elapsed <= 0 or any(c.error for c in obs):
             self.missing["concurrent.served"] = "the concurrent load without the probes did not finish cleanly within the time left"
             return
@@ -341,8 +346,7 @@ class _Run:
             return
         from ..rules.causes import first_request_slow, loaded_lazily
 
-        warm = warm_of(self.warm, self.data_keys)
-        warm.cpu_cores_busy = self.warm_cores
+        warm = self._warm_evidence()
         lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
         if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
             return
@@ -435,8 +439,7 @@ class _Run:
 
     def _evidence(self) -> Evidence:
         """What the run measured, typed: for the experiments, then the rules."""
-        warm = warm_of(self.warm, self.data_keys)
-        warm.cpu_cores_busy = self.warm_cores
+        warm = self._warm_evidence()
         if "warm.forwards" in self.missing:
             warm.forwards = Forwards()
         ok_warm = [w for w in self.warm if w.error is None]

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from ...exceptions import ConfigError
-from .base import UNFINISHED, Observation, Endpoint
+from .base import UNFINISHED, Observation, Endpoint, untraced_load
 from .function import FunctionEndpoint, describe_failure
 from .http import ASGIEndpoint, WSGIEndpoint, free_port
 
@@ -26,6 +26,7 @@ __all__ = [
     "is_wsgi",
     "make_endpoint",
     "payload_bytes",
+    "untraced_load",
 ]
 
 

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from ...timing import Trace
 
-__all__ = ["UNFINISHED", "Observation", "Endpoint"]
+__all__ = ["UNFINISHED", "Observation", "Endpoint", "untraced_load"]
 
 #: The error of a request still running when its phase's time ran out: not counted as a failure.
 UNFINISHED = "unfinished at the end"
@@ -76,3 +76,12 @@ class Endpoint(Protocol):
 
     def stop(self) -> None:
         """Stop serving; never waits long for a handler that will not return."""
+
+
+def untraced_load(
+    endpoint: Endpoint, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
+) -> tuple[list[Observation], float]:
+    """A concurrent load whose latencies are all that is wanted (an experiment's block, the
+    unprobed run): from the helper process where the endpoint has one, else its own callers."""
+    got = endpoint.concurrent_from_outside(body, concurrency, requests, timeout_s, max_seconds)
+    return got if got is not None else endpoint.concurrent(body, concurrency, requests, timeout_s, max_seconds)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...environment import CpuReading
+from ..endpoints import untraced_load
 from ..evidence import WhatIf
 from .answers import Answers
 
@@ -354,8 +355,7 @@ class Lab:
         # generator in this process shares the GIL with the app, and costs the faster arm more
         undo = fix.apply() if fix is not None else None
         try:
-            got = self.endpoint.concurrent_from_outside(self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0))
-            obs, elapsed = got if got is not None else self.endpoint.concurrent(self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0))
+            obs, elapsed = untraced_load(self.endpoint, self.body, c, n, self.timeout_s, max(self.per_fix_s, 1.0))
         finally:
             if undo is not None:
                 undo()
