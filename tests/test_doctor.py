@@ -240,6 +240,9 @@ def test_a_hang_only_under_concurrency_is_a_failure_not_dropped():
     [f] = [f for f in rep.findings if f.id == "failing-requests"]
     assert f.evidence["concurrent_failed"] >= 1 and f.evidence["warm_failed"] == 0
     assert "timeout" in rep.extra["verdict"]["failures"]
+    # its load is not run again without the probes (the failures are the finding), and it says so
+    assert rep.extra["evidence"]["concurrent"]["served_p50_ms"] is None
+    assert "failed or unfinished" in rep.extra["evidence"]["missing"]["concurrent.served"]
 
 
 def test_a_slow_endpoint_is_measured_not_cut_off_by_the_phase_budget():
@@ -471,8 +474,9 @@ def test_the_cpu_of_the_doctors_own_helper_process_is_counted_as_its_own_not_a_n
 
 
 def test_the_concurrent_load_is_run_again_without_the_probes_for_the_p50_a_server_shows():
-    from servescope.rules import diagnose_evidence
     from servescope.doctor.evidence import Evidence
+    from servescope.rules import p50_at_loads
+    from servescope.rules.savings import alone_and_together
 
     hooks = torch.nn.modules.module._global_forward_pre_hooks
 
@@ -483,6 +487,36 @@ def test_the_concurrent_load_is_run_again_without_the_probes_for_the_p50_a_serve
     rep = diagnose(predict, payload={}, options=DoctorOptions(requests=5, concurrency=2, concurrent_requests=8, experiment_seconds=0))
     conc = rep.extra["evidence"]["concurrent"]
     assert conc["p50_ms"] >= 38 and 9 <= conc["served_p50_ms"] < 30 and conc["served_rps"] > conc["throughput_rps"]
+    # ... and one at a time, before it: 10 ms, against the probed sequential requests' 40
+    assert rep.latency["p50_ms"] >= 38 and 9 <= conc["served_alone_p50_ms"] < 30 and conc["served_alone_rps"] > conc["sequential_rps"]
+    assert conc["served_alone_cores"] is not None and conc["served_alone_cores"] < 0.5  # (a sleep: no CPU)
     ev = Evidence.from_report(rep)
-    assert ev.concurrent is not None and ev.concurrent.p50_as_served == conc["served_p50_ms"]
-    diagnose_evidence(ev)  # (the rules read it)
+    assert alone_and_together(ev) == (conc["served_alone_p50_ms"], conc["served_p50_ms"], "without the probes")
+    assert p50_at_loads(ev)["c=2"] == conc["served_p50_ms"]
+
+
+def test_the_targets_import_counts_in_the_runs_aim_so_a_slow_import_leaves_the_late_fixes_less_time():
+    class Slow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            time.sleep(0.01)
+            return self.lin(x)
+
+    model = Slow().eval()
+
+    def predict(payload):  # one call a request, never two together: the batching fix is called for at c=4
+        with torch.no_grad():
+            return model(torch.tensor([payload["x"]])).tolist()
+
+    opts = DoctorOptions(requests=5, concurrency=4, concurrent_requests=16, timeout_s=2.0, max_seconds=4.0, experiment_seconds=6.0)
+    ran = diagnose(predict, payload={"x": [0.5] * 8}, options=opts)
+    assert ran.extra["evidence"]["experiments"]["batching"]["tried"], ran.extra["evidence"]["experiments"]["batching"]
+    # an import that took the whole aim (4 + 6 + RUN_EXTRA_S) leaves the fixes at concurrency no time, said as such
+    late = diagnose(predict, payload={"x": [0.5] * 8}, options=opts, import_s=40.0)
+    ev = late.extra["evidence"]
+    assert ev["seconds"] >= 40.0 and ev["seconds"] < 40.0 + ran.extra["evidence"]["seconds"] + 5
+    what_if = ev["experiments"]["batching"]
+    assert not what_if["tried"] and "importing the target took 40 s" in what_if["why_not"], what_if

@@ -577,6 +577,21 @@ def test_an_answer_of_columns_is_not_taken_for_one_entry_per_caller():
     assert run_merged(per_text, calls, like=per_text(["ab"])) == [[{"label": "ab"}], [{"label": "cde"}]]
 
 
+def test_callers_that_arrive_together_before_any_lone_call_still_get_their_own_columns():
+    from servescope.doctor.experiments.batching import Batcher, _Call
+
+    def classify(texts):  # [labels, scores]: two columns, each as long as the batch
+        return [[t.upper() for t in texts], [float(len(t)) for t in texts]]
+
+    batcher = Batcher(classify)
+    first = [_Call((["ab"],), {}), _Call((["cde"],), {})]
+    batcher._run(first)  # (two at once, the first call this batcher ever makes: a list of two lists either way)
+    later = [_Call((["gh"],), {}), _Call((["ijk"],), {})]
+    batcher._run(later)
+    assert [c.result for c in first + later] == [classify(["ab"]), classify(["cde"]), classify(["gh"]), classify(["ijk"])]
+    assert batcher.merged == 1 and not batcher.broken  # (a lone call first taught the form; the later two merged)
+
+
 def test_the_off_the_loop_fix_runs_an_async_handler_on_threads(monkeypatch):
     async def handler(payload):
         return {"thread": threading.current_thread().name}

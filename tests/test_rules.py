@@ -115,9 +115,14 @@ def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
     # model: 2.6 ms instead of the 8 ms p50 measured at c=8
     assert f.id == "no-batching" and f.severity == "critical" and f.saving_load == "c=8"
     assert f.saving_ms == pytest.approx(5.4) and f.saving_basis == "estimated" and "batch probe" in f.detail
-    # where the same load ran again without the probes, that p50 (a server's) is what it saves from
+    # where both loads ran again without the probes, their p50s (a server's) are what it saves
+    # from: 8 x 0.2 ms + (1.5 - 1) ms outside the model, against 6 ms
+    bare = healthy(concurrent__forwards=forwards(count=48), concurrent__served_p50_ms=6.0, concurrent__served_alone_p50_ms=1.5)
+    [f] = diagnose_evidence(bare).findings
+    assert f.saving_ms == pytest.approx(3.9) and "instead of the 6 ms p50 measured at c=8 (without the probes)" in f.detail
+    # never one of each: without the bare run at one client, both come from the probed phases
     [f] = diagnose_evidence(healthy(concurrent__forwards=forwards(count=48), concurrent__served_p50_ms=6.0)).findings
-    assert f.saving_ms == pytest.approx(3.4) and "instead of the 6 ms p50 measured at c=8" in f.detail
+    assert f.saving_ms == pytest.approx(5.4) and "instead of the 8 ms p50 measured at c=8 (under the probes)" in f.detail
     # a runtime batching on its worker, running only the odd lone request in its own context
     assert diagnose_evidence(healthy(concurrent__forwards=forwards(count=3))).findings == []
     # a pipeline unpickled per request (20 ms of Python) around a 0.34 ms model call: the 221 ms
@@ -229,9 +234,22 @@ def test_gil_contention_needs_flat_scaling_one_busy_core_and_a_held_gil():
     # other processes ran on it: a late thread may have waited for a CPU, not the GIL
     shared = diagnose_evidence(healthy(**flat, concurrent__machine_cores_idle=0.1))
     assert shared.findings == [] and "other processes" in shared.not_checked["gil-contention"]
-    # the same load served without the probes: its throughput is the one sized (and judged)
-    [served] = diagnose_evidence(healthy(**flat, concurrent__served_rps=50.0)).findings
-    assert served.saving_ms == pytest.approx(1000 / 50 - 1000 / 120, abs=0.01) and served.evidence["concurrent_rps"] == 50.0
+    # both loads served without the probes: their rates are the ones sized (and judged), one
+    # caller's beside N callers', never one of each
+    bare = {**flat, "concurrent__served_rps": 50.0, "concurrent__served_alone_rps": 70.0}
+    [served] = diagnose_evidence(healthy(**bare)).findings
+    assert served.saving_ms == pytest.approx(1000 / 50 - 1000 / 140, abs=0.01) and served.evidence["concurrent_rps"] == 50.0
+    assert served.evidence["rates_measured"] == "without the probes" and "without the probes" in served.detail
+    [probed] = diagnose_evidence(healthy(**flat, concurrent__served_rps=50.0)).findings  # (no bare run at one caller)
+    assert probed.saving_ms == pytest.approx(1000 / 45 - 1000 / 120, abs=0.01) and probed.evidence["rates_measured"] == "under the probes"
+    # a probed sequential phase slower than the bare one makes a flat endpoint look scaled: 84
+    # req/s at c=8 against a probed 60 alone is 1.4x, against the bare 84 alone 1.0x
+    scaled = {**flat, "concurrent__throughput_rps": 84.0, "concurrent__cpu_cores_busy": 1.2}
+    assert diagnose_evidence(healthy(**scaled)).findings == []
+    [flat_bare] = diagnose_evidence(healthy(**scaled, concurrent__served_rps=84.0, concurrent__served_alone_rps=84.0)).findings
+    assert flat_bare.id == "gil-contention" and flat_bare.evidence["scaling"] == 1.0
+    # the cores one request keeps busy alone, measured without the sampler and client, come first
+    assert diagnose_evidence(healthy(**flat, warm__cpu_cores_busy=1.0, concurrent__served_alone_cores=1.56)).findings == []
     # one request alone already kept 1.56 of the 2 CPUs busy (torch's intra-op threads): more
     # processes could run 1.28 requests at once at most, and the GIL is not what holds them
     assert diagnose_evidence(healthy(**flat, warm__cpu_cores_busy=1.56)).findings == []

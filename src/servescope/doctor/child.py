@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
             report = diagnose(
                 obj, payload=payload, options=options, progress=lambda p, f: say(phase=p, frac=f), target_name=job["spec"],
                 repeat_cold=lambda: repeat_first_request(job["spec"], job["payload"], options),
-                try_environment=FreshTrials(job["spec"], job["payload"], options, import_s),
+                try_environment=FreshTrials(job["spec"], job["payload"], options, import_s), import_s=import_s,
             )  # fmt: skip
         except ConfigError as exc:
             say(config_error=str(exc))

@@ -202,13 +202,20 @@ class Concurrent:
     #: where the phase's load came from: "a helper process" (as a server's clients'), or "this
     #: process" and why (a load generator there shares the GIL with the app; a function's callers are its threads)
     load_from: str = ""
-    #: the same load again without the probes and the sampler, as a server runs it: its p50
-    #: (to the first chunk for a streamed answer) and throughput. The probed phase runs slower
-    #: (an embedding endpoint at c=8: 105 ms against 76-78 bare, 85-92 under uvicorn); None
-    #: where that run did not finish cleanly
+    #: the same load again without the probes and the sampler, as a server runs it: its p50,
+    #: its p50 to the first chunk for a streamed answer, and its throughput. The probed phase
+    #: runs slower (an embedding endpoint at c=8: 105 ms against 76-78 bare, 85-92 under
+    #: uvicorn); None where that run did not finish cleanly
     served_p50_ms: float | None = None
     served_first_chunk_p50_ms: float | None = None
     served_rps: float | None = None
+    #: ... and requests one at a time, also without them (just before it): their p50s, the rate
+    #: of one caller (from the p50, as ``sequential_rps``) and the process's cores busy meanwhile
+    #: (the load comes from the helper process, so the doctor's client is not in it)
+    served_alone_p50_ms: float | None = None
+    served_alone_first_chunk_p50_ms: float | None = None
+    served_alone_rps: float | None = None
+    served_alone_cores: float | None = None
     worker_hot_spot: str = ""  # where the threads that are not the loop spent their samples
     #: doctor --pid, from outside: the share of the phase one thread of the process held the
     #: GIL (py-spy --gil), the threads working on requests on average, and the cores' worth of
@@ -221,15 +228,6 @@ class Concurrent:
     #: model calls seen outside any request (a batcher's own thread): counted, not credited
     background_calls: int = 0
     background_batch_sizes: list[int] = field(default_factory=list)
-
-    @property
-    def p50_as_served(self) -> float | None:
-        """The p50 at this concurrency as a server shows it (the bare run), else the probed phase's."""
-        return self.served_p50_ms or self.p50_ms
-
-    @property
-    def first_chunk_p50_as_served(self) -> float | None:
-        return self.served_first_chunk_p50_ms or self.first_chunk_p50_ms
 
 
 @dataclass

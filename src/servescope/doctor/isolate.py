@@ -38,8 +38,9 @@ __all__ = ["PHASES", "diagnose_isolated"]
 
 #: Phases bounded by ``--timeout`` each: the cold request, the warm phase (its budget and
 #: its last request), the probe check, the varied request, the concurrent phase (its budget
-#: and its last requests), the batch probe; plus MIN_OK_REQUESTS slow warm requests.
-PHASES = 8 + MIN_OK_REQUESTS
+#: and its last requests), the same loads without the probes (one at a time, then concurrent:
+#: the last request of each), the batch probe; plus MIN_OK_REQUESTS slow warm requests.
+PHASES = 10 + MIN_OK_REQUESTS
 MARGIN_S = 15.0
 #: Importing the target and starting the app (torch, weights loaded at import) may take
 #: longer than one request: at least this long, whatever ``--timeout`` says.

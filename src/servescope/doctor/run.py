@@ -20,7 +20,8 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable, Iterable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, untraced_load
 from .options import MIN_OK_REQUESTS, DoctorOptions
 from .send import Send
+from .served import SERVED_ALONE, unprobed_loads
 from .verdict import verdict_of
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
@@ -68,9 +70,10 @@ PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 #: The share of ``experiment_seconds`` the experiments at concurrency keep, whatever the ones
 #: at one client (which run first) used.
 LATE_SHARE = 0.5
-#: The run (after the target's import) aims to end within ``max_seconds`` +
-#: ``experiment_seconds`` + this (the batch probe, the fresh processes): the experiments at
-#: concurrency get what is left of it once the fresh processes' expected time is kept for them
+#: The run (the target's import included, where the command line timed it) aims to end within
+#: ``max_seconds`` + ``experiment_seconds`` + this (the batch probe, the fresh processes): the
+#: experiments at concurrency get what is left of it once the fresh processes' expected time is
+#: kept for them
 RUN_EXTRA_S = 22.0
 
 
@@ -86,8 +89,10 @@ class _Run:
         tick: Callable[[str, float], None],
         repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
         try_environment: Callable[[dict[str, str], str, float], WhatIf] | None = None,
+        import_s: float = 0.0,
     ) -> None:
         self.endpoint, self.send, self.options, self.tick = endpoint, send, options, tick
+        self.import_s = import_s  # (before the run: in its aim and its seconds, not in the measuring budget)
         self.repeat_cold, self.try_environment = repeat_cold, try_environment
         self.repeated_cold: tuple[float | None, float | None, str | None] | None = None
         self.machine = Machine(cpus_available=available_cpus())
@@ -228,23 +233,13 @@ class _Run:
 
     def _concurrent_phase(self) -> None:
         o = self.options
-        self.tick("concurrent requests", 0.0)
-        done = threading.Event()
-
-        def still_going() -> None:  # the parent hears from the run while the phase lasts
-            while not done.wait(1.0):
-                self.tick("concurrent requests", 0.5)
-
-        threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
-        try:
+        with self._ticking("concurrent requests"):
             self.endpoint.ready_load()  # (an app's helper process starts before the phase's clock and budget)
             budget = max(self._left() * 0.75, 1.0)
             if self.endpoint.loop_thread_id:  # (does the loop's own thread stop in a blocking wait?)
                 self.sampler.watch.add(self.endpoint.loop_thread_id)
             cpu0, idle0, help0, t0 = time.process_time(), idle_cpu_seconds(), helper_cpu_seconds(), time.perf_counter_ns()
             self.conc, self.conc_elapsed = self.endpoint.concurrent(self.body, o.concurrency, o.concurrent_requests, o.timeout_s, budget)
-        finally:
-            done.set()
         cpu1, idle1, help1, t1 = time.process_time(), idle_cpu_seconds(), helper_cpu_seconds(), time.perf_counter_ns()
         wall_s = (t1 - t0) / 1e9
         self.conc = [c for c in self.conc if c.error != UNFINISHED]  # cut off by the budget
@@ -266,28 +261,44 @@ class _Run:
         }
 
     def _served_phase(self) -> None:
-        """The concurrent phase's load once more, as many requests, without the probes and
-        the sampler: the p50 and throughput a server shows at that concurrency, which savings
-        there are shares of. The probed phase runs slower (docs/benchmarks.md, session 22: an
-        embedding endpoint at c=8, 105 ms probed against 76-78 bare and 85-92 under uvicorn).
-        Nothing is kept from a run with a failed or unfinished request."""
+        """The phases' loads once more without the probes and the sampler, as a server runs
+        them (doctor/served.py), where the concurrent phase finished cleanly and the measuring
+        time has room for them (requests cut off would run on beside what follows)."""
         o = self.options
         if len(self.conc) < o.concurrency or self.conc_elapsed <= 0 or any(c.error for c in self.conc):
-            return  # (an endpoint failing under load: its failures are the finding)
-        if self._left() < self.conc_elapsed:  # (requests cut off would run on beside what follows)
+            self.missing["concurrent.served"] = "the concurrent phase had failed or unfinished requests, so its load was not run again without the probes"
+            return
+        ok = [w.latency_ms for w in self.warm if w.error is None]
+        alone_s = SERVED_ALONE * statistics.median(ok) / 1000 if ok else 0.0
+        if self._left() < self.conc_elapsed:
             self.missing["concurrent.served"] = f"no time was left to run the concurrent load again without the probes ({self.conc_elapsed:.1f} s)"
             return
-        self.tick("concurrent requests, unprobed", 0.0)
-        n, budget = len(self.conc), min(self.conc_elapsed * 2, self._left())
-        obs, elapsed = untraced_load(self.endpoint, self.body, o.concurrency, n, o.timeout_s, budget)
-        if not obs or elapsed <= 0 or any(c.error for c in obs):
-            self.missing["concurrent.served"] = "the concurrent load without the probes did not finish cleanly within the time left"
-            return
-        self.served = {
-            "served_p50_ms": round(float(np.percentile([c.latency_ms for c in obs], 50)), 3),
-            "served_first_chunk_p50_ms": first_chunk_p50(obs),
-            "served_rps": round(len(obs) / elapsed, 2),
-        }
+        with_alone = self._left() >= self.conc_elapsed + alone_s
+        if not with_alone:  # (the concurrent load first: the savings at c=N are shares of its p50)
+            self.missing["concurrent.served_alone"] = f"no time was left for {SERVED_ALONE} requests one at a time without the probes ({alone_s:.1f} s)"
+        with self._ticking("requests without the probes"):
+            self.served, missing = unprobed_loads(
+                self.endpoint, self.body, concurrency=o.concurrency, requests=len(self.conc), timeout_s=o.timeout_s,
+                alone_s=max(2 * alone_s, 1.0) if with_alone else 0.0, concurrent_s=min(self.conc_elapsed * 2, self._left()),
+                load_from=self.concurrent_extra.get("load_from", ""),
+            )  # fmt: skip
+        self.missing.update(missing)
+
+    @contextmanager
+    def _ticking(self, phase: str) -> Iterator[None]:
+        """The parent hears from the run every second while a phase lasts."""
+        self.tick(phase, 0.0)
+        done = threading.Event()
+
+        def still_going() -> None:
+            while not done.wait(1.0):
+                self.tick(phase, 0.5)
+
+        threading.Thread(target=still_going, daemon=True, name="servescope-ticker").start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _batch_probe(self) -> None:
         calls = self.probes.captured.get("calls") or {}
@@ -401,16 +412,21 @@ class _Run:
         t0 = time.perf_counter()
         ev = self._evidence()
         budget = o.experiment_seconds - self.lab_s
-        rps = None
+        rps, short = None, ""
         if AT_CONCURRENCY.issuperset(names):
-            budget = min(max(budget, LATE_SHARE * o.experiment_seconds), self._run_left() - self._fresh_expected_s(ev))
-            rps = ev.concurrent.throughput_rps if ev.concurrent is not None else None
+            wanted, aim_left = max(budget, LATE_SHARE * o.experiment_seconds), self._run_left() - self._fresh_expected_s(ev)
+            budget = min(wanted, aim_left)
+            if aim_left < wanted and self.import_s >= 1.0:  # (said where the fixes at concurrency find too little time)
+                aim = o.max_seconds + o.experiment_seconds + RUN_EXTRA_S
+                short = f" (the run aims to end within {aim:.0f} s, and importing the target took {self.import_s:.0f} s of them)"
+            # (what a block at c=N takes without the probes, as the fixes' blocks run)
+            rps = (ev.concurrent.served_rps or ev.concurrent.throughput_rps) if ev.concurrent is not None else None
         elif self.try_environment is not None:  # (the fresh processes' blocks come out of the same time)
             from .fresh import fresh_blocks_s, passive_called_for
 
             budget -= fresh_blocks_s(o) if passive_called_for(ev) else 0.0
         lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5), base=self.lab_base,
-                  concurrent_rps=rps)  # fmt: skip
+                  concurrent_rps=rps, short=short)  # fmt: skip
         self.tick("trying fixes", 0.0)
         try:
             seen = Seen.from_probes(self.probes, self.constant, self.data_keys)
@@ -421,7 +437,7 @@ class _Run:
 
     def _run_left(self) -> float:
         o = self.options
-        return o.max_seconds + o.experiment_seconds + RUN_EXTRA_S - (time.perf_counter() - self.started)
+        return o.max_seconds + o.experiment_seconds + RUN_EXTRA_S - (time.perf_counter() - self.started) - self.import_s
 
     def _fresh_expected_s(self, ev: Evidence) -> float:
         """What trying OpenMP's policy in fresh processes will take, where it will be tried."""
@@ -512,7 +528,7 @@ class _Run:
             hot_lines={k: line for k, v in hot.items() if (line := self.sampler.line_of(v))},
             hot_spot_lines={k: lines for k, v in hot.items() if (lines := self.sampler.own_lines(v))},
             app_exceptions=self.exceptions.summaries(),
-            seconds=round(time.perf_counter() - self.started, 2),
+            seconds=round(time.perf_counter() - self.started + self.import_s, 2),
             missing=self.missing,
             probes_disabled=dict(self.probes.disabled),
             probes_at_fault=self.probes_at_fault,
@@ -562,6 +578,7 @@ def diagnose(
     target_name: str = "",
     repeat_cold: Callable[[], tuple[float | None, float | None, str | None]] | None = None,
     try_environment: Callable[[dict[str, str], str, float], WhatIf] | None = None,
+    import_s: float = 0.0,
 ) -> Report:
     """Run the endpoint under probes, in this process, and return the Report: its verdict
     (``report.diagnosis.verdict``), findings and what could not be checked. The command line runs
@@ -572,10 +589,13 @@ def diagnose(
     request that no load explains is not claimed, it is listed as not checked.
     ``try_environment(change, words, budget_s)`` times fresh processes of the endpoint as
     written and with ``change`` in their environment (doctor/fresh.py): a setting read only
-    when a library loads (OpenMP's wait policy) is tried that way, or not at all."""
+    when a library loads (OpenMP's wait policy) is tried that way, or not at all. ``import_s``:
+    how long importing the target took before this call (the command line's child times it);
+    it counts in the run's aim and its ``seconds``, so a slow import leaves the fixes at
+    concurrency less time rather than make the run longer."""
     options = options or DoctorOptions()
     send = Send.of(payload, path=options.path, files=options.upload())
     endpoint = make_endpoint(obj, path=options.path, send=send, method=options.method)
-    run = _Run(endpoint, send, options, progress or (lambda phase, frac: None), repeat_cold, try_environment)
+    run = _Run(endpoint, send, options, progress or (lambda phase, frac: None), repeat_cold, try_environment, import_s)
     run.execute()
     return run.report(target_name)

@@ -15,7 +15,7 @@ from typing import Callable
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
 from . import causes, concurrency, generation, items, openmp
-from .savings import severity
+from .savings import _served_p50, p50_at_loads, severity  # noqa: F401 - (importable from here as before)
 
 Rule = Callable[[Evidence], list[Finding]]
 
@@ -59,35 +59,6 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
             out.not_checked[name] = str(exc)
     cap_savings(out.findings, ev.p50_ms, p50_at_loads(ev))
     return out
-
-
-def p50_at_loads(ev: Evidence) -> dict[str, float]:
-    """The p50 at each load a saving is stated at, as a server shows it: at c=N the concurrent
-    load run again without the probes, else the experiments' blocks of the endpoint as
-    written, else the probed phase."""
-    p50_at = {"c=1": ev.p50_ms}
-    conc = ev.concurrent
-    if conc is not None and conc.p50_ms:
-        p50_at[f"c={conc.concurrency}"] = conc.served_p50_ms or _served_p50(ev, conc.concurrency, "latency") or conc.p50_ms
-    if conc is not None and conc.first_chunk_p50_ms:  # a streamed answer's, measured to its first chunk
-        p50_at[f"c={conc.concurrency}, first chunk"] = (
-            conc.served_first_chunk_p50_ms or _served_p50(ev, conc.concurrency, "first chunk") or conc.first_chunk_p50_ms
-        )
-    return p50_at
-
-
-def _served_p50(ev: Evidence, concurrency: int, measure: str) -> float | None:
-    """The endpoint's p50 at ``concurrency`` as the experiments' blocks of it as written measured
-    it (the median of theirs), or None where none ran there: where the concurrent load was not
-    run again without the probes (``Concurrent.served_p50_ms``), these blocks, also unprobed
-    and their load sent from a helper process, are the next best thing to a server's figure.
-    The concurrent phase, probed and sampled, ran about 30% slower on a quiet machine
-    (docs/benchmarks.md, sessions 21 and 22), and savings capped against it could add up to
-    more than a server's request."""
-    bases = sorted(
-        w.base_p50_ms for w in ev.experiments.values() if w.tried and w.concurrency == concurrency and w.measure == measure and w.base_p50_ms
-    )  # fmt: skip
-    return bases[len(bases) // 2] if bases else None
 
 
 #: Findings whose severity is the share of the request their saving is (the others rank by

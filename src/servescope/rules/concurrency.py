@@ -24,7 +24,7 @@ from .causes import (
     own_line_fix,
 )
 from .idioms import batch_fix
-from .savings import BUSY_CORES, measured_or_estimated
+from .savings import BUSY_CORES, alone_and_together, measured_or_estimated, p50_at_loads, rates
 
 __all__ = ["event_loop_blocked", "gil_contention", "no_batching"]
 
@@ -58,13 +58,14 @@ def no_batching(ev: Evidence) -> list[Finding]:
         return []  # a fraction of a millisecond per item: batching is not this endpoint's problem
     n = conc.concurrency
     at = _per_item_at(probe.per_item_ms, n)
-    estimate, basis, p50 = None, "", conc.p50_as_served  # (as a server shows it: the probes slow the phase)
+    alone, p50, measured = alone_and_together(ev)  # (both as a server shows them where the bare run finished)
+    estimate, basis = None, ""
     if at is not None and p50:
         # with the N callers' items in one forward, each request waits about one batched
         # forward (N x its per-item time) plus its own work outside the model
         size, per_item = at
         model_now = one * max(fwd.per_request, 1.0)
-        outside = max((ev.p50_ms or 0.0) - model_now, 0.0)
+        outside = max((alone or 0.0) - model_now, 0.0)
         after = n * per_item * max(fwd.per_request, 1.0) + outside
         # never more than the model's own time that batching takes out of a round of N
         # requests: where the work outside the model queues too (a load or Python code that
@@ -74,7 +75,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
         basis = (
             f"the batch probe: {n} callers' items in one forward of {size} would take about {n * per_item:.3g} ms "
             f"({per_item:.3g} ms per item, against {one:.3g} ms alone), so each request would wait about {after:.3g} ms "
-            f"instead of the {p50:.3g} ms p50 measured at c={n}"
+            f"instead of the {p50:.3g} ms p50 measured at c={n} ({measured})"
         )
         if p50 - after > bound:
             basis += (
@@ -182,9 +183,10 @@ def event_loop_blocked(ev: Evidence) -> list[Finding]:
     streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None
     forward = (conc.forwards.mean_ms if conc.forwards else None) or 0.0
     busy_per_request = (loop.busy_share * 1000 / conc.throughput_rps) if loop and conc.throughput_rps else 0.0
-    estimate = min(max(forward if model_on_loop else 0.0, busy_per_request), conc.p50_as_served or ev.p50_ms or float("inf"))
+    together = p50_at_loads(ev).get(f"c={conc.concurrency}")  # (as a server shows it: the probes slow the phase)
+    estimate = min(max(forward if model_on_loop else 0.0, busy_per_request), together or ev.p50_ms or float("inf"))
     saving = measured_or_estimated(
-        ev, "off-the-loop", estimate_ms=round(estimate, 3) or None, load=f"c={conc.concurrency}", p50_ms=conc.p50_as_served,
+        ev, "off-the-loop", estimate_ms=round(estimate, 3) or None, load=f"c={conc.concurrency}", p50_ms=together,
         estimated_from="the time the loop's thread ran the handler's code per request (the wait it puts on the others)",
     )  # fmt: skip
     evidence = {
@@ -244,15 +246,13 @@ def _loop_waits(ev: Evidence, conc: Concurrent) -> list[Finding]:
     if (conc.loop_lag_max_ms or 0.0) < LOOP_BUSY_RUN_MS:
         return []
     streamed = ev.warm is not None and ev.warm.first_chunk_p50_ms is not None and conc.first_chunk_p50_ms is not None
-    if streamed:  # (at c=N as a server shows it: the probes slow the phase)
-        alone, together, what = ev.warm.first_chunk_p50_ms, conc.first_chunk_p50_as_served, "time to the first chunk"  # type: ignore[union-attr]
-    else:
-        alone, together, what = ev.p50_ms, conc.p50_as_served, "latency"
+    alone, together, measured = alone_and_together(ev, first_chunk=streamed)  # (both alike: with the probes or without)
+    what = "time to the first chunk" if streamed else "latency"
     estimate = round(max(together - alone, 0.0), 3) if together is not None and alone is not None else None
     # (an estimate only: the off-the-loop experiment moves model calls, which are not what waits here)
     saving = measured_or_estimated(
         ev, "", estimate_ms=estimate or None, load=f"c={conc.concurrency}" + (", first chunk" if streamed else ""),
-        p50_ms=together, estimated_from=f"the {what} at c={conc.concurrency} ({together or 0:.4g} ms p50) less alone ({alone or 0:.4g} ms): "
+        p50_ms=together, estimated_from=f"the {what} at c={conc.concurrency} ({together or 0:.4g} ms p50) less alone ({alone or 0:.4g} ms), {measured}: "
         "what the others waited while the loop's thread was stopped, as if they ran as one did alone",
     )  # fmt: skip
     return [
@@ -355,12 +355,13 @@ def gil_contention(ev: Evidence) -> list[Finding]:
     # requests that could run at once: one alone may already keep more than a core busy
     # (torch's intra-op threads), and then more processes have only the rest to gain (up to
     # GIL_ONE_CORE it is one core's worth: the doctor's sampler and client run beside it)
-    alone = (ev.warm.cpu_cores_busy if ev.warm is not None else None) or 1.0
-    alone = alone if alone >= GIL_ONE_CORE else 1.0
+    # (measured without the probes, the sampler and the doctor's client where that run finished)
+    alone_cores = conc.served_alone_cores or (ev.warm.cpu_cores_busy if ev.warm is not None else None)
+    alone = alone_cores if alone_cores and alone_cores >= GIL_ONE_CORE else 1.0
     cores = min(conc.concurrency, int(cpus))  # (the CPUs the callers could keep busy)
     width = min(float(conc.concurrency), int(cpus) / alone)
-    rps = conc.served_rps or conc.throughput_rps  # (as a server serves it: the probes slow the phase)
-    if width < GIL_MIN_WIDTH or not rps or not conc.sequential_rps:
+    sequential, rps, measured = rates(ev)  # (one caller and N alike: both as a server serves them, or both probed)
+    if width < GIL_MIN_WIDTH or not rps or not sequential:
         return []
     if ev.p50_ms < GIL_MIN_REQUEST_MS:
         # a function's callers (and, for an app, the server's HTTP work) share the process's
@@ -369,7 +370,7 @@ def gil_contention(ev: Evidence) -> list[Finding]:
             f"requests of {ev.p50_ms:.2g} ms are too short to tell the endpoint's hold on the GIL from the "
             "doctor's own work in the same process (it is measured from 5 ms)"
         )
-    scaling = rps / conc.sequential_rps
+    scaling = rps / sequential
     on_loop = conc.forwards.on_event_loop * 2 >= max(conc.requests, 1) if conc.forwards else False
     loop_busy = conc.loop is not None and conc.loop.busy_share >= LOOP_BUSY_SHARE
     if on_loop or loop_busy:
@@ -396,19 +397,20 @@ def gil_contention(ev: Evidence) -> list[Finding]:
             f"{cores}), so threads waiting for the GIL cannot be told from threads waiting for a CPU"
         )
     # service time per request as served now, and if `width` callers could run at once
-    service = 1000 / rps - 1000 / (conc.sequential_rps * width)
+    service = 1000 / rps - 1000 / (sequential * width)
     if service < GIL_FLOOR_MS or service < GIL_SHARE * ev.p50_ms:
         return []
     saving = measured_or_estimated(  # (server time per request, not a p50: never added to the p50 savings at c=N)
         ev, "processes", estimate_ms=round(service, 3), load=f"c={conc.concurrency}, server time", p50_ms=1000 / rps,
-        estimated_from=f"the server time per request now ({1000 / rps:.3g} ms) against {width:.3g} requests at once",
+        estimated_from=f"the server time per request now ({1000 / rps:.3g} ms) against {width:.3g} requests at once, {measured}",
     )  # fmt: skip
     evidence = {
         "concurrency": conc.concurrency,
-        "sequential_rps": conc.sequential_rps,
+        "sequential_rps": sequential,
         "concurrent_rps": rps,
+        "rates_measured": measured,
         "scaling": round(scaling, 2),
-        "cores_one_request_alone": ev.warm.cpu_cores_busy if ev.warm is not None else None,
+        "cores_one_request_alone": alone_cores,
         "cpu_cores_busy": conc.cpu_cores_busy,
         "cpus_available": cpus,
         "gil_wait_p50_ms": conc.gil_wait_p50_ms,

@@ -143,3 +143,61 @@ def _measured(w: WhatIf, experiment: str, endpoint_p50_ms: float | None = None) 
     )
     return Saving(ms=round(saving, 3), basis="measured", load=load, detail=detail, low_ms=w.low_ms, high_ms=w.high_ms,
                   coverage=w.coverage, p50_ms=w.base_p50_ms or 0.0)  # fmt: skip
+
+
+def alone_and_together(ev: Evidence, first_chunk: bool = False) -> tuple[float | None, float | None, str]:
+    """One request alone and ``concurrency`` at once (p50s, to the first chunk where
+    ``first_chunk``), measured alike: both in the run without the probes where both finished
+    there, else both in the probed phases (which run slower, up to 38% at one client and 30%
+    at c=8 here), never one of each. The third item says which, for a finding's words."""
+    conc, warm = ev.concurrent, ev.warm
+    if conc is None:
+        return None, None, ""
+    if first_chunk:
+        served = conc.served_alone_first_chunk_p50_ms, conc.served_first_chunk_p50_ms
+        probed = (warm.first_chunk_p50_ms if warm is not None else None), conc.first_chunk_p50_ms
+    else:
+        served, probed = (conc.served_alone_p50_ms, conc.served_p50_ms), (ev.p50_ms or None, conc.p50_ms)
+    if served[0] and served[1]:
+        return served[0], served[1], "without the probes"
+    return probed[0], probed[1], "under the probes"
+
+
+def rates(ev: Evidence) -> tuple[float | None, float | None, str]:
+    """Requests a second from one caller and from ``concurrency`` callers, measured alike (as
+    ``alone_and_together``), and which runs they come from."""
+    conc = ev.concurrent
+    if conc is None:
+        return None, None, ""
+    if conc.served_alone_rps and conc.served_rps:
+        return conc.served_alone_rps, conc.served_rps, "without the probes"
+    return conc.sequential_rps, conc.throughput_rps, "under the probes"
+
+
+def p50_at_loads(ev: Evidence) -> dict[str, float]:
+    """The p50 at each load a saving is stated at, as a server shows it: at c=N the concurrent
+    load run again without the probes, else the experiments' blocks of the endpoint as
+    written, else the probed phase."""
+    p50_at = {"c=1": ev.p50_ms}
+    conc = ev.concurrent
+    if conc is not None and conc.p50_ms:
+        p50_at[f"c={conc.concurrency}"] = conc.served_p50_ms or _served_p50(ev, conc.concurrency, "latency") or conc.p50_ms
+    if conc is not None and conc.first_chunk_p50_ms:  # a streamed answer's, measured to its first chunk
+        p50_at[f"c={conc.concurrency}, first chunk"] = (
+            conc.served_first_chunk_p50_ms or _served_p50(ev, conc.concurrency, "first chunk") or conc.first_chunk_p50_ms
+        )
+    return p50_at
+
+
+def _served_p50(ev: Evidence, concurrency: int, measure: str) -> float | None:
+    """The endpoint's p50 at ``concurrency`` as the experiments' blocks of it as written measured
+    it (the median of theirs), or None where none ran there: where the concurrent load was not
+    run again without the probes (``Concurrent.served_p50_ms``), these blocks, also unprobed
+    and their load sent from a helper process, are the next best thing to a server's figure.
+    The concurrent phase, probed and sampled, ran about 30% slower on a quiet machine
+    (docs/benchmarks.md, sessions 21 and 22), and savings capped against it could add up to
+    more than a server's request."""
+    bases = sorted(
+        w.base_p50_ms for w in ev.experiments.values() if w.tried and w.concurrency == concurrency and w.measure == measure and w.base_p50_ms
+    )  # fmt: skip
+    return bases[len(bases) // 2] if bases else None

@@ -134,7 +134,7 @@ def split(out: Any, rows: list[int], depth: int = 0, like: Any = None) -> list[A
     if depth > 4:
         return [out] * len(rows)
     if isinstance(out, dict):
-        parts = {k: split(v, rows, depth + 1) for k, v in out.items()}
+        parts = {k: split(v, rows, depth + 1, like.get(k) if isinstance(like, dict) else None) for k, v in out.items()}
         res = []
         for i in range(len(rows)):
             d = {k: v[i] for k, v in parts.items()}
@@ -144,7 +144,8 @@ def split(out: Any, rows: list[int], depth: int = 0, like: Any = None) -> list[A
                 res.append(d)
         return res
     if isinstance(out, (list, tuple)):
-        cols = [split(v, rows, depth + 1) for v in out]
+        same = isinstance(like, (list, tuple)) and len(like) == len(out)
+        cols = [split(v, rows, depth + 1, like[j] if same else None) for j, v in enumerate(out)]
         return [type(out)(c[i] for c in cols) if isinstance(out, tuple) else [c[i] for c in cols] for i in range(len(rows))]
     return [out] * len(rows)
 
@@ -286,6 +287,10 @@ class Batcher:
             self.cond.wait(left)
 
     def _run(self, batch: list[_Call]) -> None:
+        if len(batch) > 1 and not self.broken and self.like is None:
+            # a lone call first: its answer's form tells columns from one entry per input (split)
+            self._alone(batch[0])
+            batch = batch[1:]
         if len(batch) > 1 and not self.broken:
             try:
                 out = run_merged(self.call, [(c.args, c.kwargs) for c in batch], self.like)
@@ -301,14 +306,16 @@ class Batcher:
             except Exception as exc:  # the merged call failed: each caller runs alone, as written
                 self.broken = self.broken or f"{type(exc).__name__}: {exc}"[:200]
         for c in batch:
-            if c.done:
-                continue
-            try:
-                c.result = self.call(*c.args, **c.kwargs)
-                self.like = c.result if self.like is None else self.like
-            except BaseException as exc:  # noqa: B036 - the caller's own failure, handed back to it
-                c.error = exc
-            c.done = True
+            if not c.done:
+                self._alone(c)
+
+    def _alone(self, c: _Call) -> None:
+        try:
+            c.result = self.call(*c.args, **c.kwargs)
+            self.like = c.result if self.like is None else self.like
+        except BaseException as exc:  # noqa: B036 - the caller's own failure, handed back to it
+            c.error = exc
+        c.done = True
 
     def _check(self, first: _Call, rows: Any) -> None:
         """The first merged call's rows for one caller against that caller's input alone."""

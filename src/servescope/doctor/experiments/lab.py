@@ -166,6 +166,7 @@ class Lab:
         clock: Callable[[], float] = time.perf_counter,
         base: tuple[Any, bool, float, bool | None] | None = None,
         concurrent_rps: float | None = None,
+        short: str = "",
     ) -> None:
         self.endpoint, self.body, self.timeout_s = endpoint, body, timeout_s
         self.per_fix_s, self.tick, self.clock = per_fix_s, tick, clock
@@ -177,6 +178,8 @@ class Lab:
         #: the unchanged endpoint's throughput at the concurrency the fixes run at (what a block
         #: there takes), where the doctor measured it
         self.concurrent_rps = concurrent_rps
+        #: why the time is short, where the caller knows (said after "ran out" and "time left")
+        self.short = short
         #: the medians of the unchanged endpoint's blocks, every fix's: how much it moves here
         self.unchanged: list[float] = []
         avail = _available_mb()
@@ -214,7 +217,7 @@ class Lab:
         """Measure ``fix`` at ``concurrency`` callers (``requests`` per block when > 1)."""
         out = WhatIf(fix=fix.words, concurrency=concurrency)
         if self.left() < 1.0:
-            out.why_not = "the doctor's time for experiments ran out before this one"
+            out.why_not = "the doctor's time for experiments ran out before this one" + self.short
             return out
         cpu = CpuReading()
         self._streamed = None
@@ -252,6 +255,7 @@ class Lab:
                 raise Abandon(
                     f"the doctor's time left for it ({max(self.left(), 0.0):.0f} s) is less than two pairs of its blocks take here "
                     f"(about {need:.0f} s: {per_block} requests a block at {self.concurrent_rps:g} req/s, the throughput measured at c={c})"
+                    + self.short
                 )
         base_mb = _memory_mb()  # what the fix keeps across its blocks shows in every block after
         self._block(fix, fix.prime, answers)  # primes the fix (fills its memos): not counted
