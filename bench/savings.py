@@ -1,6 +1,6 @@
 """#22's benchmark: the doctor's saving for each cause against what the fix really saves.
 
-    python bench/savings.py [--rounds 3] [--seconds 6] [--neighbour] [--only NAME,...] [--doctor-runs 1]
+    python bench/savings.py [--rounds 3] [--seconds 6] [--neighbour] [--only NAME,...] [--doctor-runs 3]
 
 Each case in bench/savings/ is an endpoint written the way people write them, with one
 mistake, and its fixed twin (`NAME_fixed.py`): the same endpoint with that mistake fixed and
@@ -11,7 +11,8 @@ nothing else. For each case:
   back to back, `--rounds` times; the realized saving is the median of the rounds' p50
   differences (for a cold start: of the first requests, each in a fresh server);
 - each round runs the doctor first (while `--doctor-runs` are left), then the two twins, so a
-  machine that runs slower for a few minutes slows all three;
+  machine that runs slower for a few minutes slows all three; the doctor's figure is the
+  median of its runs, and "(runs)" shows their range (what one run may say);
 - printed: the ratio doctor / realized (target 0.7-1.3), and the same ratio of the savings as
   shares of the unchanged endpoint's p50 (which a slower machine scales alike).
 `--neighbour` keeps one core busy with another process for the whole run (a busy machine).
@@ -189,7 +190,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--neighbour", action="store_true", help="keep one core busy with another process for the whole run")
     ap.add_argument("--only", default="", help="comma-separated case names")
-    ap.add_argument("--doctor-runs", type=int, default=1, help="doctor runs per case (are the findings the same each time?)")
+    ap.add_argument("--doctor-runs", type=int, default=3, help="doctor runs per case, one a round (are the findings the same each time?)")
     ap.add_argument("--skip-realized", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(CASES_DIR))

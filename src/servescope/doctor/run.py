@@ -53,7 +53,7 @@ from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, untraced_load
 from .options import MIN_OK_REQUESTS, DoctorOptions
 from .send import Send
-from .served import SERVED_ALONE, unprobed_loads
+from .served import SERVED_ALONE, unprobed_alone, unprobed_concurrent
 from .verdict import verdict_of
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
@@ -118,12 +118,13 @@ class _Run:
         self.constant: frozenset[str] = frozenset()
         self.experiments: dict[str, WhatIf] = {}
         self.lab_s = 0.0  # time spent in experiments so far
+        self.aside_s = 0.0  # ... and in requests without the probes at one client (_served_alone)
         self.lab_base: Any = None  # the endpoint as written, as the experiments first measured it
         self.data_keys: frozenset[int] = frozenset()  # loads of the request's own data (summary.data_load_keys)
 
     def _left(self) -> float:
         """What is left of ``max_seconds`` for measuring (the experiments have their own)."""
-        return self.options.max_seconds - (time.perf_counter() - self.started - self.lab_s)
+        return self.options.max_seconds - (time.perf_counter() - self.started - self.lab_s - self.aside_s)
 
     def _warm_phase(self, budget_s: float) -> list[Observation]:
         """Sequential requests, each with the whole ``--timeout``: new ones start until
@@ -260,28 +261,40 @@ class _Run:
             "load_from": self.endpoint.load_from,
         }
 
+    def _served_alone(self) -> None:
+        """``SERVED_ALONE`` requests one at a time without the probes and the sampler (called
+        with both off), before the concurrent burst as the sequential phase: the one-caller
+        figure set against the unprobed concurrent load's (doctor/served.py). Its time is kept
+        out of the measuring budget and the experiments' (the run's aim still counts it)."""
+        ok = [w.latency_ms for w in self.warm if w.error is None]
+        if not ok:
+            return
+        t0 = time.perf_counter()
+        with self._ticking("requests without the probes"):
+            self.endpoint.ready_load()  # (the helper sends them, as it sends the concurrent load)
+            alone, missing = unprobed_alone(self.endpoint, self.body, timeout_s=self.options.timeout_s,
+                                            budget_s=max(2 * SERVED_ALONE * statistics.median(ok) / 1000, 1.0))  # fmt: skip
+        self.aside_s += time.perf_counter() - t0
+        self.served.update(alone)
+        self.missing.update(missing)
+
     def _served_phase(self) -> None:
-        """The phases' loads once more without the probes and the sampler, as a server runs
-        them (doctor/served.py), where the concurrent phase finished cleanly and the measuring
-        time has room for them (requests cut off would run on beside what follows)."""
+        """The concurrent phase's load once more, as many requests, without the probes and the
+        sampler (doctor/served.py), where that phase finished cleanly and the measuring time has
+        room for it (requests cut off would run on beside what follows)."""
         o = self.options
         if len(self.conc) < o.concurrency or self.conc_elapsed <= 0 or any(c.error for c in self.conc):
             self.missing["concurrent.served"] = "the concurrent phase had failed or unfinished requests, so its load was not run again without the probes"
             return
-        ok = [w.latency_ms for w in self.warm if w.error is None]
-        alone_s = SERVED_ALONE * statistics.median(ok) / 1000 if ok else 0.0
         if self._left() < self.conc_elapsed:
             self.missing["concurrent.served"] = f"no time was left to run the concurrent load again without the probes ({self.conc_elapsed:.1f} s)"
             return
-        with_alone = self._left() >= self.conc_elapsed + alone_s
-        if not with_alone:  # (the concurrent load first: the savings at c=N are shares of its p50)
-            self.missing["concurrent.served_alone"] = f"no time was left for {SERVED_ALONE} requests one at a time without the probes ({alone_s:.1f} s)"
-        with self._ticking("requests without the probes"):
-            self.served, missing = unprobed_loads(
+        with self._ticking("concurrent requests without the probes"):
+            served, missing = unprobed_concurrent(
                 self.endpoint, self.body, concurrency=o.concurrency, requests=len(self.conc), timeout_s=o.timeout_s,
-                alone_s=max(2 * alone_s, 1.0) if with_alone else 0.0, concurrent_s=min(self.conc_elapsed * 2, self._left()),
-                load_from=self.concurrent_extra.get("load_from", ""),
+                budget_s=min(self.conc_elapsed * 2, self._left()), load_from=self.concurrent_extra.get("load_from", ""),
             )  # fmt: skip
+        self.served.update(served)
         self.missing.update(missing)
 
     @contextmanager
@@ -395,6 +408,7 @@ class _Run:
             self.probes.remove()  # (the experiments time the endpoint without the probes' hooks ...)
             try:
                 with self.sampler.paused():  # (... and without the sampler's sweeps)
+                    self._served_alone()
                     self._experiments(PER_REQUEST)
             finally:
                 self.probes.install()
