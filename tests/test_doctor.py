@@ -520,3 +520,24 @@ def test_the_targets_import_counts_in_the_runs_aim_so_a_slow_import_leaves_the_l
     assert ev["seconds"] >= 40.0 and ev["seconds"] < 40.0 + ran.extra["evidence"]["seconds"] + 5
     what_if = ev["experiments"]["batching"]
     assert not what_if["tried"] and "importing the target took 40 s" in what_if["why_not"], what_if
+
+
+def test_the_unprobed_requests_one_at_a_time_keep_to_their_budget_and_say_when_too_few_finished():
+    from servescope.doctor.endpoints.function import FunctionEndpoint
+    from servescope.doctor.served import unprobed_alone
+
+    def predict(payload):
+        time.sleep(0.2)
+        return {"ok": True}
+
+    ep = FunctionEndpoint(predict)
+    ep.start(2.0)
+    try:
+        t0 = time.perf_counter()
+        cut, why = unprobed_alone(ep, b"{}", timeout_s=2.0, budget_s=0.3)  # (two at most start within it)
+        took = time.perf_counter() - t0
+        full, none = unprobed_alone(ep, b"{}", timeout_s=2.0, budget_s=10.0)
+    finally:
+        ep.stop()
+    assert cut == {} and "fewer than 3 requests" in why["concurrent.served_alone"] and took < 0.3 + 2 * 0.2 + 0.5
+    assert none == {} and 0.19 < full["served_alone_p50_ms"] / 1000 < 0.6 and full["served_alone_cores"] < 0.5

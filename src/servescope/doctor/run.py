@@ -53,7 +53,7 @@ from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, untraced_load
 from .options import MIN_OK_REQUESTS, DoctorOptions
 from .send import Send
-from .served import SERVED_ALONE, unprobed_alone, unprobed_concurrent
+from .served import ALONE_MAX_S, SERVED_ALONE, unprobed_alone, unprobed_concurrent
 from .verdict import verdict_of
 
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
@@ -273,7 +273,7 @@ class _Run:
         with self._ticking("requests without the probes"):
             self.endpoint.ready_load()  # (the helper sends them, as it sends the concurrent load)
             alone, missing = unprobed_alone(self.endpoint, self.body, timeout_s=self.options.timeout_s,
-                                            budget_s=max(2 * SERVED_ALONE * statistics.median(ok) / 1000, 1.0))  # fmt: skip
+                                            budget_s=min(max(2 * SERVED_ALONE * statistics.median(ok) / 1000, 1.0), ALONE_MAX_S))  # fmt: skip
         self.aside_s += time.perf_counter() - t0
         self.served.update(alone)
         self.missing.update(missing)

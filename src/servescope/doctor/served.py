@@ -15,13 +15,15 @@ import time
 
 import numpy as np
 
-from .endpoints import Endpoint, untraced_load
+from .endpoints import UNFINISHED, Endpoint, untraced_load
+from .options import MIN_OK_REQUESTS
 from .summary import first_chunk_p50
 
-__all__ = ["SERVED_ALONE", "unprobed_alone", "unprobed_concurrent"]
+__all__ = ["ALONE_MAX_S", "SERVED_ALONE", "unprobed_alone", "unprobed_concurrent"]
 
-#: Requests one at a time in the run without the probes
-SERVED_ALONE = 5
+#: Requests one at a time in the run without the probes, within at most ``ALONE_MAX_S``
+#: (at least ``MIN_OK_REQUESTS`` of them, or none is kept)
+SERVED_ALONE, ALONE_MAX_S = 5, 8.0
 
 
 def unprobed_alone(endpoint: Endpoint, body: bytes, *, timeout_s: float, budget_s: float) -> tuple[dict[str, float | None], dict[str, str]]:
@@ -32,10 +34,11 @@ def unprobed_alone(endpoint: Endpoint, body: bytes, *, timeout_s: float, budget_
     calls can leave a torch process several times faster at one client for a while (OpenMP's
     threads), and one caller's figure from then is not the endpoint's."""
     cpu0, t0 = time.process_time(), time.perf_counter()
-    alone, elapsed = untraced_load(endpoint, body, 1, SERVED_ALONE, timeout_s, budget_s)
+    got, elapsed = untraced_load(endpoint, body, 1, SERVED_ALONE, timeout_s, budget_s)
     cores = (time.process_time() - cpu0) / max(time.perf_counter() - t0, 1e-9)
-    if len(alone) < SERVED_ALONE or elapsed <= 0 or any(c.error for c in alone):
-        return {}, {"concurrent.served_alone": "the requests one at a time without the probes did not finish cleanly within their time"}
+    alone = [c for c in got if c.error != UNFINISHED]  # (not sent: the budget ran out first)
+    if len(alone) < MIN_OK_REQUESTS or elapsed <= 0 or any(c.error for c in alone):
+        return {}, {"concurrent.served_alone": f"fewer than {MIN_OK_REQUESTS} requests one at a time without the probes finished cleanly within {budget_s:.0f} s"}
     p50 = float(np.percentile([c.latency_ms for c in alone], 50))
     return {
         "served_alone_p50_ms": round(p50, 3),
