@@ -4,12 +4,18 @@ batch sizes (and at batch 1 with autograd on and in training mode)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Callable
 
 from .evidence import BatchProbe
 
-__all__ = ["batch_probe"]
+__all__ = ["NO_CALL", "batch_probe", "probe_captured"]
+
+NO_CALL = (
+    "batch probe skipped: no model call with a batch axis was captured (a torch module, ONNX Runtime "
+    "session, scikit-learn estimator or encode() called with an array, tensor or a dict/list of them)"
+)
 
 
 def _best_ms(fn: Callable[[], Any], repeat: int = 9) -> float:
@@ -115,3 +121,21 @@ def batch_probe(
     except Exception as exc:  # the probe is a bonus: its failure is data
         out.error = f"{type(exc).__name__}: {exc}"[:300]
     return out
+
+
+def probe_captured(
+    calls: dict[Any, dict[str, Any]], constant: frozenset[Any], torch: Any, options: Any, fewer: Callable[[], int | None] | None
+) -> tuple[BatchProbe | None, str]:
+    """The batch probe of one captured call (one whose inputs change with the request, where
+    there is one: not one repeated whatever it is asked), on a thread bounded by
+    ``options.timeout_s``; ``fewer()``, where given, the threads to time each size on too.
+    (the probe, why there is none)."""
+    chosen = next((c for fp, c in calls.items() if fp not in constant), None) or next(iter(calls.values()))
+    replay, model = chosen["replay"], chosen["model"]
+    threads = fewer() if fewer is not None and model is not None else None
+    result: list[BatchProbe] = []
+    t = threading.Thread(target=lambda: result.append(batch_probe(torch, replay, model, options.batch_probe, threads)), daemon=True,
+                         name="servescope-batch-probe")  # fmt: skip
+    t.start()
+    t.join(options.timeout_s)
+    return (result[0], "") if result else (None, f"batch probe abandoned: it did not finish within {options.timeout_s:g} s")

@@ -44,12 +44,13 @@ from .evidence import (
     Warm,
     WhatIf,
 )
-from .batchprobe import batch_probe
+from .batchprobe import NO_CALL, probe_captured
 from .probes import Probes
 from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
 from .failures import ExceptionLog
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
+from .experiments.threads import thread_target
 from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, untraced_load
 from .options import MIN_OK_REQUESTS, DoctorOptions
 from .send import Send
@@ -315,33 +316,14 @@ class _Run:
 
     def _batch_probe(self) -> None:
         calls = self.probes.captured.get("calls") or {}
-        # a call whose inputs change with the request (not one repeated whatever it is asked)
-        chosen = next((c for fp, c in calls.items() if fp not in self.constant), None) or next(iter(calls.values()), None)
-        if chosen is None:
-            self.missing.setdefault(
-                "batch_probe",
-                "batch probe skipped: no model call with a batch axis was captured (a torch module, ONNX Runtime "
-                "session, scikit-learn estimator or encode() called with an array, tensor or a dict/list of them)",
-            )
+        if not calls:
+            self.missing.setdefault("batch_probe", NO_CALL)
             return
-        replay, model = chosen["replay"], chosen["model"]
-        fewer = None
-        if self.machine.busy and self.probes.torch is not None and model is not None:
-            from .experiments.threads import thread_target
-
-            fewer = thread_target(self._evidence())  # (the CPUs the neighbours left free)
-        result: list[BatchProbe] = []
-        t = threading.Thread(
-            target=lambda: result.append(batch_probe(self.probes.torch, replay, model, self.options.batch_probe, fewer)),
-            daemon=True,
-            name="servescope-batch-probe",
-        )
-        t.start()
-        t.join(self.options.timeout_s)
-        if result:
-            self.probe = result[0]
-        else:
-            self.missing["batch_probe"] = f"batch probe abandoned: it did not finish within {self.options.timeout_s:g} s"
+        fewer = lambda: thread_target(self._evidence())  # noqa: E731 - (on a busy machine: the CPUs the neighbours left free)
+        busy = self.machine.busy and self.probes.torch is not None
+        self.probe, why = probe_captured(calls, self.constant, self.probes.torch, self.options, fewer if busy else None)
+        if why:
+            self.missing["batch_probe"] = why
 
     def _machine(self, reading: CpuReading) -> None:
         """How busy the machine was while the doctor measured (the warm and the concurrent
