@@ -51,7 +51,7 @@ from .failures import ExceptionLog
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
 from .experiments.threads import thread_target
-from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint, untraced_load
+from .endpoints import UNFINISHED, Observation, Endpoint, make_endpoint
 from .options import MIN_OK_REQUESTS, DoctorOptions
 from .send import Send
 from .served import ALONE_MAX_S, SERVED_ALONE, unprobed_alone, unprobed_concurrent
