@@ -165,6 +165,92 @@ def test_a_forecast_is_caught_in_a_pandas_frame_and_at_the_end_of_a_long_window(
     assert items.merged == 0 and "depend on each other" in items.broken
 
 
+class ScaledForecaster:
+    """A recursive forecast as scikit-learn users write it: the window is standardised before
+    each call, so the model's inputs hold numbers computed from its answers, never the answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        time.sleep(0.003)
+        return x.mean(axis=1) * 0.8 + 0.31
+
+
+def _forecast(model: ScaledForecaster, steps: int = 6):
+    def handler(payload):
+        window = [3.25, 4.5, 4.0, 5.25, 4.75, 5.5]
+        for _ in range(steps):
+            mu, sd = float(np.mean(window)), float(np.std(window)) or 1.0
+            z = (np.array([window[-4:]]) - mu) / sd
+            window.append(round(float(model.predict(z)[0]) * sd + mu, 3))  # (the answer rounded: no 4-decimal match)
+        return {"forecast": window[-steps:]}
+
+    return handler
+
+
+def test_a_forecast_whose_window_is_rescaled_is_found_dependent_by_scaling_its_answers():
+    model = ScaledForecaster()
+    handler = _forecast(model)
+    before = handler({})
+    seen = Seen(owners={fingerprint(np.zeros((1, 4))): (model, "predict", _inputs)})
+    ep = FunctionEndpoint(handler)
+    ep.start(5.0)
+    try:
+        w = batch_items(_evidence(6.0), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), seen)
+    finally:
+        ep.stop()
+    assert not w.tried and "scaled the model's answers" in w.why_not and "depend on each other" in w.why_not, w
+    assert per_item_calls(_with(_evidence(per_request=6.0), w)) == []  # measured: not items one call could take
+    assert handler({}) == before  # the endpoint answers as written after the test
+
+
+def test_items_whose_answers_feed_another_model_are_still_merged_for_each_model():
+    """Two model objects, the second taking the first's answers item by item: a pipeline, not a
+    loop. Scaling the first's answers moves the second's inputs, and only its own count."""
+    first, second = Scorer(), Scorer()
+
+    def handler(payload):
+        out = []
+        for i in range(8):
+            h = first.predict(np.array([[float(i), 1.0, 2.0]]))
+            out.append(float(second.predict(np.array([[h[0], 0.5, 0.25]]))[0]))
+        return {"scores": out}
+
+    seen = Seen(owners={"a": (first, "predict", _inputs), "b": (second, "predict", _inputs)})
+    ep = FunctionEndpoint(handler)
+    ep.start(5.0)
+    try:
+        w = batch_items(_evidence(16.0), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), seen)
+    finally:
+        ep.stop()
+    assert w.tried and w.answers == "same", w
+    assert 8 in first.calls and 8 in second.calls  # each model's eight items went in one call
+
+
+def test_a_request_that_fails_on_a_scaled_answer_is_said_and_not_tried():
+    model = Scorer()
+
+    def handler(payload):
+        scores = [float(model.predict(np.array([[float(i), 1.0, 2.0]]))[0]) for i in range(4)]
+        if scores[0] != 6.0:
+            raise ValueError("a score the code did not expect")
+        return {"scores": scores}
+
+    w = _tried(handler, model, 4.0)
+    assert not w.tried and "altered the model's answers" in w.why_not and "did not expect" in w.why_not, w
+
+
+def test_a_scaled_answer_keeps_its_types_and_leaves_what_is_not_a_float():
+    from servescope.doctor.experiments.items import NUDGE, _nudged
+
+    out, hit = _nudged({"x": np.array([2.0], dtype=np.float32), "ids": np.array([3]), "p": [0.5, "a"], "t": (1.0,)})
+    assert hit and out["x"].dtype == np.float32 and out["x"][0] == np.float32(2.0 * NUDGE)
+    assert out["ids"].tolist() == [3] and out["p"] == [0.5 * NUDGE, "a"] and out["t"] == (NUDGE,)
+    assert _nudged(np.array([1, 2])) [1] is False and _nudged("label")[1] is False
+
+
 def test_a_number_an_answer_shares_with_a_later_input_by_chance_does_not_make_items_dependent():
     """Images normalised from 8-bit pixels take few values: an answer may hold one of them.
     One such call among eight is chance, not a loop; half-precision values are not read."""

@@ -12,8 +12,16 @@ Token ids of other lengths (each text tokenized alone) are padded to the longest
 call's attention mask hides the padding, and each call's outputs cut back to its length.
 The first merged call's rows are checked against their inputs run alone; inputs that do
 not line up (other options: a decoder's steps, each with its cache), and calls that take an
-earlier call's output (``x = model(x)``, or a window that ends with the last prediction: a
-number of an earlier answer in a later input), are not merged, and the fix is not tried.
+earlier call's output, are not merged, and the fix is not tried.
+
+Whether they do is tested, not guessed: after the learnt request comes one for each model
+object whose answers hold floats, in which that object's answers are given back scaled by
+``NUDGE`` (its calls run as written). A later call to it whose input then differs from the
+learnt one takes something computed from an earlier answer (``x = model(x) * 2``, a forecast's
+window scaled with its predictions in it, a loop that stops sooner): the calls depend on each
+other. Those requests' answers are the doctor's own and are not compared. Beside that, an
+answer's numbers met again in later inputs (``x = model(x)`` with an integer answer that the
+nudge may not move) say the same.
 """
 
 from __future__ import annotations
@@ -40,6 +48,14 @@ MAX_ITEMS = 256
 WORDS = "the request's items run through the model in one call"
 #: why the items were not merged: each call took an earlier one's output
 DEPENDENT = "a call's input holds an earlier call's output (a loop that feeds its answer back): the calls depend on each other"
+#: ... found by changing its answers
+NUDGED = ("a later call's input changed when the doctor scaled the model's answers by 1.125 in one request (a loop that feeds "
+          "its answers back, as a recursive forecast does): the calls depend on each other")  # fmt: skip
+#: ... or not known, as the inputs differ anyway
+VARY = "the calls' inputs differ from one request to the next with the same body, so they could not be learnt"
+#: what a float answer is scaled by in a nudged request: a change no float noise makes, that
+#: rounding to a whole number still shows for answers above about 8
+NUDGE = 1.125
 
 
 class Items:
@@ -58,7 +74,29 @@ class Items:
         self.values: set[float] = set()  # ... and the distinctive numbers in them
         self.fed = 0  # the learnt calls whose input held one of those numbers
         self.like: Any = None  # the first call's answer: the form each merged answer takes
+        self.learnt = 0  # the learnt request's calls (the plan keeps MAX_ITEMS of them)
+        self.nudgeable = False  # some answer of the learnt request held a float to scale
+        self.stage = ""  # "nudge": its answers scaled, its inputs checked; "aside": as written
+        self.strayed = ""  # how the nudged request's calls strayed from the plan
         self.lock = threading.Lock()
+
+    def trial(self, nudge: bool) -> None:
+        """A request for the dependency test: this object's answers scaled (``nudge``) or run as
+        written while another object's are. Ends the learning."""
+        with self.lock:
+            self._learnt()
+            self.stage, self.at = ("nudge" if nudge else "aside"), 0
+
+    def trial_over(self) -> None:
+        with self.lock:
+            if self.stage == "nudge" and not self.broken and (self.strayed or self.at < self.learnt):
+                self.broken = self.strayed or NUDGED  # (a loop that stopped sooner)
+            self.stage, self.rows, self.at = "", [], 0
+
+    def _learnt(self) -> None:
+        if self.learning and self.fed >= max(FED_CALLS, (len(self.plan) - 1) // 2):
+            self.broken = DEPENDENT  # (step after step took a number of an answer before it)
+        self.learning = False
 
     def _new_request(self, fp: str | None) -> bool:
         """Is this call the first of another request? By the request's own record where the
@@ -72,6 +110,8 @@ class Items:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fp = fingerprint(self.inputs_of(args, kwargs))
         with self.lock:
+            if self.stage:
+                return self._trial_call(fp, args, kwargs)
             new = self._new_request(fp)
             if self.learning and not new:
                 if _prints((args, kwargs)) & self.outputs:
@@ -81,14 +121,14 @@ class Items:
                 out = self.call(*args, **kwargs)
                 if not self.plan:
                     self.like = out
+                self.learnt += 1
+                self.nudgeable = self.nudgeable or _nudged(out)[1]
                 if len(self.plan) < MAX_ITEMS:
                     self.plan.append((fp, args, kwargs))
                     self.outputs |= _prints(out)
                     self.values |= _values(out)
                 return out
-            if self.learning and self.fed >= max(FED_CALLS, (len(self.plan) - 1) // 2):
-                self.broken = DEPENDENT  # (step after step took a number of an answer before it)
-            self.learning = False  # the first call of the next request: the plan is whole
+            self._learnt()  # the first call of the next request: the plan is whole
             if self.broken or fp is None:
                 return self.call(*args, **kwargs)
             if not new and self.at < len(self.rows) and fp == self.plan[self.at][0]:
@@ -98,6 +138,17 @@ class Items:
                 self.rows, self.at = [], 0  # (a request that strays from the plan runs as written to its end)
                 return self.call(*args, **kwargs)
             return self._merged(args, kwargs)
+
+    def _trial_call(self, fp: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = self.call(*args, **kwargs)
+        if self.stage != "nudge":
+            return out
+        if not self.strayed and self.at < len(self.plan) and fp != self.plan[self.at][0]:
+            self.strayed = NUDGED if self.at else VARY  # (nothing was scaled before a request's first call)
+        elif not self.strayed and self.at >= self.learnt:
+            self.strayed = NUDGED  # (more calls than the learnt request made)
+        self.at += 1
+        return _nudged(out)[0]
 
     def _merged(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         calls = [(a, k) for _, a, k in self.plan]
@@ -150,6 +201,25 @@ def _padded(call: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[st
     rows = run_merged(call, padded)
     cut = lambda n: lambda t: t[:, :n] if is_seq(torch, t, longest) else t  # noqa: E731
     return [map_tensors(r, cut(n)) for r, n in zip(rows, lengths)]
+
+
+def _nudged(obj: Any) -> tuple[Any, bool]:
+    """``obj`` with its float arrays, tensors and numbers scaled by ``NUDGE`` (new objects,
+    dict and tuple types kept), and whether any was."""
+    hit = [False]
+
+    def one(x: Any) -> Any:
+        mod = type(x).__module__
+        if isinstance(x, float) or (mod == "numpy" and getattr(getattr(x, "dtype", None), "kind", "") == "f"):
+            hit[0] = True
+            return x * NUDGE
+        if (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "is_floating_point") and x.is_floating_point():
+            hit[0] = True
+            return x * NUDGE
+        return x
+
+    out = map_tensors(obj, one)
+    return out, hit[0]
 
 
 def _prints(obj: Any) -> set[str]:
@@ -231,8 +301,20 @@ def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
         return WhatIf(fix=WORDS, why_not="no model object the calls went to was kept (a model built per request, or inputs the doctor "
                       "cannot tell apart: on a GPU, or with no array or text)")  # fmt: skip
     wrappers = [Items(getattr(obj, method), inputs_of) for obj, method, inputs_of in targets]
+    applied, turns = [0], []
 
     def apply() -> Callable[[], None]:
+        # each primed request applies the fix once: the first learns, then one request for each
+        # object whose answers can be scaled tests whether its calls feed each other
+        applied[0] += 1
+        if applied[0] == 2:
+            turns.extend(w for w in wrappers if w.nudgeable and not w.broken)
+        if 2 <= applied[0] < 2 + len(turns):
+            for w in wrappers:
+                w.trial(nudge=w is turns[applied[0] - 2])
+        elif turns and applied[0] == 2 + len(turns):
+            for w in wrappers:
+                w.trial_over()
         with patching() as patches:
             for (obj, method, _), w in zip(targets, wrappers):
                 patches.method(obj, method, w)
@@ -250,5 +332,7 @@ def batch_items(ev: Evidence, lab: Lab, seen: Seen) -> WhatIf | None:
             raise Abandon(f"the items could not be run as one call: {broken}")
         return done
 
-    # (two uncounted requests first: one to learn the calls, one whose first merged call is checked)
-    return lab.compare(Fix("batch-items", WORDS, apply, hits=merged, prime=2))
+    # (uncounted requests first: one to learn the calls, one a model object to test whether they
+    # depend on each other, and one whose first merged call is checked)
+    nudging = lambda: any(w.stage == "nudge" for w in wrappers)  # noqa: E731
+    return lab.compare(Fix("batch-items", WORDS, apply, hits=merged, prime=2 + len(wrappers), altered=nudging))

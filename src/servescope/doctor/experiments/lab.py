@@ -106,6 +106,9 @@ class Fix:
     #: uncounted requests with the fix before its first block (one that learns from a request
     #: before it acts, and checks its first answer, does both outside the timed blocks)
     prime: int = 1
+    #: true while a primed request's answer is altered on purpose (a test of the endpoint's own
+    #: code, as the items' dependency test scales a model's answers): that answer is not compared
+    altered: Callable[[], bool] | None = None
 
 
 def _rss_mb() -> float | None:
@@ -258,7 +261,8 @@ class Lab:
                     + self.short
                 )
         base_mb = _memory_mb()  # what the fix keeps across its blocks shows in every block after
-        self._block(fix, fix.prime, answers)  # primes the fix (fills its memos): not counted
+        for _ in range(fix.prime):  # primes the fix (fills its memos): not counted; one block each, as
+            self._block(fix, 1, answers)  # a fix that learns from a request may act on the next
         primed = True
         # (a third of what is left at most: the fixes after this one get their pairs too)
         stop = self.clock() + min(self.per_fix_s, self.left() / 3)
@@ -342,11 +346,15 @@ class Lab:
             lat = []
             for _ in range(n):
                 o = self.endpoint.request(self.body, self.timeout_s)
+                altered = fix is not None and fix.altered is not None and fix.altered()
+                if o.error and altered:
+                    raise Abandon(f"a request failed while the doctor altered the model's answers to test the endpoint's code ({o.error})"[:300])
                 if o.error:
                     raise Abandon(
                         (f"a request failed with the fix applied ({o.error})" if fix else f"the unchanged endpoint failed during the experiment ({o.error})")[:300]
                     )
-                answers.add(o.answer, fixed=fix is not None)
+                if not altered:
+                    answers.add(o.answer, fixed=fix is not None)
                 o.answer = None
                 lat.append(self._stat(o))
             return lat, None
