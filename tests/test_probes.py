@@ -133,3 +133,29 @@ def test_a_request_that_calls_no_model_is_sampled_between_validation_and_seriali
     assert split_other(t) == pytest.approx({"validate": 1, "other": 6.5, "serialize": 1})
     [(lo, hi)] = stage_windows(t)["other"]
     assert ((lo - t.started_ns) / 1e6, (hi - t.started_ns) / 1e6) == pytest.approx((1, 7))
+
+
+def test_the_probes_leave_torch_out_of_a_process_without_it_and_hook_it_when_the_handler_imports_it():
+    """A scikit-learn endpoint measured in a process that torch was loaded into runs slower than
+    its own (a forest's 40 calls: 10%); torch imported in the first request is still probed."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from servescope.doctor import DoctorOptions, diagnose
+
+def predict(payload):
+    import torch  # (the handler's own, late import)
+    with torch.no_grad():
+        return torch.nn.Linear(4, 2)(torch.ones(1, 4)).tolist()
+
+from servescope.doctor.probes import Probes
+with Probes():
+    assert "torch" not in sys.modules, "the probes imported torch"
+rep = diagnose(predict, payload={}, options=DoctorOptions(requests=4, concurrency=1, concurrent_requests=1, timeout_s=20.0))
+print("forwards", rep.extra["evidence"]["warm"]["forwards"]["per_request"])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] in (["forwards", "1"], ["forwards", "1.0"]), out.stdout

@@ -42,12 +42,14 @@ class _Loader(importlib.abc.Loader):
 
 
 class ImportWatch(importlib.abc.MetaPathFinder):
-    def __init__(self, prefixes: tuple[str, ...], on_import: Callable[[str], None]) -> None:
-        self.prefixes, self.on_import = prefixes, on_import
+    def __init__(self, prefixes: tuple[str, ...], on_import: Callable[[str], None], exact: tuple[str, ...] = ()) -> None:
+        """``prefixes``: names watched with all they start with; ``exact``: a package alone, not
+        its submodules (torch's hundreds, imported while it loads)."""
+        self.prefixes, self.on_import, self.exact = prefixes, on_import, exact
         self._local = threading.local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if not fullname.startswith(self.prefixes) or getattr(self._local, "busy", False):
+        if not (fullname.startswith(self.prefixes) or fullname in self.exact) or getattr(self._local, "busy", False):
             return None
         self._local.busy = True
         try:
