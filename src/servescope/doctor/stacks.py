@@ -225,7 +225,7 @@ class StackProbes:
 
         @functools.wraps(original)
         def wrapper(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            if not sw.on or current_stage_name() == "infer":
+            if not sw.on or _in_model_call.get() or current_stage_name() == "infer":
                 return original(self_, *args, **kwargs)
             t0 = time.perf_counter_ns()
             token = _in_model_call.set(True)
