@@ -154,6 +154,36 @@ def test_a_flask_put_route():
     assert rep.extra["verdict"]["diagnosed"] and not rep.errors
 
 
+def test_a_flask_apps_requests_run_on_reused_threads_each_in_a_context_of_its_own():
+    """As gunicorn's and waitress's threads are reused: a thread made for every request costs
+    what the served process never pays (an ONNX Runtime session built per request: 3-6 ms)."""
+    import contextvars
+    import threading
+
+    from flask import Flask
+
+    from servescope.doctor.endpoints.http import WSGIEndpoint
+
+    app, threads, leaked = Flask("pool"), set(), []
+    mark: contextvars.ContextVar[int] = contextvars.ContextVar("mark", default=0)
+
+    @app.route("/predict", methods=["POST"])
+    def predict():
+        threads.add(threading.current_thread())  # (the object: a new thread may reuse an old one's ident)
+        leaked.append(mark.get())  # set by an earlier request on the same thread: must not be seen
+        mark.set(len(leaked))
+        return {"ok": True}
+
+    ep = WSGIEndpoint(app, "/predict")
+    ep.start(5.0)
+    try:
+        obs = [ep.request(b"{}", 5.0) for _ in range(12)]
+    finally:
+        ep.stop()
+    assert all(o.error is None for o in obs), [o.error for o in obs]
+    assert len(leaked) == 12 and len(threads) <= 2 and set(leaked) == {0}, (threads, leaked)
+
+
 def test_a_method_the_route_does_not_take_is_refused_before_any_request():
     app, seen = fastapi_app()
     with pytest.raises(ConfigError, match="does not take POST: it takes PUT"):

@@ -42,7 +42,7 @@ class _HandlerExit(Exception):
     exception: raised as they are, they would stop the event loop every handler runs on."""
 
 
-class _DaemonPool:
+class DaemonPool:
     """Worker threads that are daemons: the doctor can always exit, whatever a handler does.
     Grows on demand up to ``size``; a thread stuck in a handler is simply lost."""
 
@@ -91,7 +91,7 @@ class FunctionEndpoint:
         self.fn = fn
         # an `async def` generator streams on the loop, as a server iterates one
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
-        self._pool = _DaemonPool(32)
+        self._pool = DaemonPool(32)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         #: run an ``async def`` handler on a worker thread with a loop of its own, not on the
