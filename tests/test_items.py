@@ -53,12 +53,13 @@ def _handler(model: Scorer, items: int = 12):
     return handler
 
 
-def _tried(handler, model: Scorer, per_request: float = 12.0) -> WhatIf:
-    """The experiment run by a lab on ``handler`` served as a function endpoint."""
+def _tried(handler, model: Scorer | None, per_request: float = 12.0, seen: Seen | None = None) -> WhatIf:
+    """The experiment run by a lab on ``handler`` served as a function endpoint (the calls
+    kept: ``seen``, or ``model``'s)."""
     ep = FunctionEndpoint(handler)
     ep.start(5.0)
     try:
-        return batch_items(_evidence(per_request), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), _seen(model))
+        return batch_items(_evidence(per_request), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), seen or _seen(model))
     finally:
         ep.stop()
 
@@ -194,13 +195,7 @@ def test_a_forecast_whose_window_is_rescaled_is_found_dependent_by_scaling_its_a
     model = ScaledForecaster()
     handler = _forecast(model)
     before = handler({})
-    seen = Seen(owners={fingerprint(np.zeros((1, 4))): (model, "predict", _inputs)})
-    ep = FunctionEndpoint(handler)
-    ep.start(5.0)
-    try:
-        w = batch_items(_evidence(6.0), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), seen)
-    finally:
-        ep.stop()
+    w = _tried(handler, None, 6.0, Seen(owners={fingerprint(np.zeros((1, 4))): (model, "predict", _inputs)}))
     assert not w.tried and "scaled the model's answers" in w.why_not and "depend on each other" in w.why_not, w
     assert per_item_calls(_with(_evidence(per_request=6.0), w)) == []  # measured: not items one call could take
     assert handler({}) == before  # the endpoint answers as written after the test
@@ -218,13 +213,7 @@ def test_items_whose_answers_feed_another_model_are_still_merged_for_each_model(
             out.append(float(second.predict(np.array([[h[0], 0.5, 0.25]]))[0]))
         return {"scores": out}
 
-    seen = Seen(owners={"a": (first, "predict", _inputs), "b": (second, "predict", _inputs)})
-    ep = FunctionEndpoint(handler)
-    ep.start(5.0)
-    try:
-        w = batch_items(_evidence(16.0), Lab(ep, b"{}", timeout_s=5.0, budget_s=60.0, per_fix_s=3.0), seen)
-    finally:
-        ep.stop()
+    w = _tried(handler, None, 16.0, Seen(owners={"a": (first, "predict", _inputs), "b": (second, "predict", _inputs)}))
     assert w.tried and w.answers == "same", w
     assert 8 in first.calls and 8 in second.calls  # each model's eight items went in one call
 
