@@ -4,6 +4,7 @@
 (No ``from __future__ import annotations``: FastAPI reads the routes' annotations.)"""
 
 
+import time
 import io
 
 import numpy as np
@@ -275,3 +276,38 @@ def test_a_streamed_answers_first_chunk_and_gaps_are_in_the_figures():
         assert warm["chunk_gap_p95_ms"] >= warm["chunk_gap_p50_ms"]
         text = " ".join(str(getattr(x, "plain", "")) for x in doctor_sections(rep))
         assert "Streamed answers at c=1: first chunk p50" in text and "gaps between chunks p50" in text and "at c=2" in text
+
+
+def _until(cond, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return cond()
+
+
+def test_the_next_request_goes_to_the_thread_that_came_free_last_and_none_is_lost_at_the_pools_size():
+    """One caller's requests in turn run on one thread, as a server's worker takes them (threads
+    taken in turn put an ONNX Runtime session on its pinned threads' core about a third of
+    the time); at the pool's size a job waits for the next thread to come free."""
+    import threading
+
+    from servescope.doctor.endpoints.function import DaemonPool
+
+    pool = DaemonPool(3)
+    gates = [threading.Event() for _ in range(4)]
+    busy = [pool.submit(lambda g=g: (g.wait(10), threading.current_thread())[1]) for g in gates]  # (the fourth waits)
+    assert _until(lambda: len(pool._threads) == 3) and not busy[3].done()
+    for i in (0, 1, 2):  # the first three come free in turn; the first of them takes the waiting job
+        gates[i].set()
+        assert busy[i].result(10) is not None
+    gates[3].set()
+    assert busy[3].result(10) is busy[0].result()
+    assert _until(lambda: len(pool._idle) == 3)  # (each back once its job is done)
+    last = busy[3].result()  # (it came free last: after the third)
+    ran = []
+    for _ in range(6):
+        ran.append(pool.submit(threading.current_thread).result(10))
+        assert _until(lambda: len(pool._idle) == 3)  # (back before the next is sent, as a caller's next request waits for the answer)
+    assert ran == [last] * 6
+    pool.shutdown()
+    assert _until(lambda: not any(t.is_alive() for t in pool._threads))

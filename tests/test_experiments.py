@@ -43,6 +43,9 @@ class FakeEndpoint:
         answer = self.fixed_answer if self.fixed and self.fixed_answer is not None else self.answer
         return Observation(lat, answer=answer)
 
+    def one_by_one(self, body, n, timeout_s, max_seconds):
+        return [self.request(body, timeout_s) for _ in range(n)]
+
     def concurrent(self, body, concurrency, requests, timeout_s, max_seconds):
         return [self.request(body, timeout_s) for _ in range(requests)], requests * self.base_ms / 1000 / concurrency
 

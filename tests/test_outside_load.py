@@ -93,3 +93,66 @@ def test_a_helper_that_cannot_start_says_why_and_the_phase_says_where_its_load_c
         target.stop()
     assert len(obs) == 6 and all(o.error is None and o.trace is not None for o in obs)  # measured in this process
     assert target.load_from.startswith("this process: no helper process could send it (OSError: the helper ended")
+
+
+def _streaming_app():
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def predict(request):
+        body = await request.body()
+        if request.query_params.get("stream"):
+
+            async def chunks():
+                for i in range(3):
+                    yield f"data: {i}\n\n".encode()
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        return JSONResponse({"echo": body.decode(), "pid": os.getpid()})
+
+    return Starlette(routes=[Route("/predict", predict, methods=["POST"])])
+
+
+def test_once_the_helper_runs_the_requests_one_at_a_time_come_from_it_with_their_answers_and_traces(monkeypatch):
+    """A client in the app's own process moves where the kernel runs the app's threads (an ONNX
+    Runtime session per request ran 2-4 ms slower on the core its threads are pinned to): once
+    the helper is up, every request one at a time is sent from it, as a server's clients send."""
+    from servescope.doctor.endpoints import http as http_endpoint
+
+    sent_here = []
+    real = http_endpoint.send_in_turn
+    monkeypatch.setattr(http_endpoint, "send_in_turn", lambda *a, **k: sent_here.append(a) or real(*a, **k))
+    target = http_endpoint.ASGIEndpoint(_streaming_app(), "/predict")
+    target.start(10)
+    try:
+        before = target.request(b'{"n": 1}', 5.0)  # (no helper yet: from this process)
+        target.ready_load()
+        helper = target._outside.proc.pid
+        one = target.request(b'{"n": 2}', 5.0)
+        block = target.one_by_one(b'{"n": 3}', 4, 5.0, 30.0)
+        streamed = target.request(b"{}", 5.0, path="/predict?stream=1")
+        target._outside.proc.kill()  # a helper that breaks: the next requests are sent from here
+        target._outside.proc.wait()
+        after = target.request(b'{"n": 4}', 5.0)
+    finally:
+        target.stop()
+    assert len(sent_here) == 2  # the first request, and the one after the helper broke
+    for o in [before, one, *block, streamed, after]:
+        assert o.error is None and o.status == 200 and o.trace is not None and o.latency_ms > 0, o
+    assert one.answer == b'{"echo":"{\\"n\\": 2}","pid":%d}' % os.getpid() and len(block) == 4
+    assert len({id(o.trace) for o in block}) == 4  # (each its own trace, found by its id)
+    assert streamed.answer == b"data: 0\n\ndata: 1\n\ndata: 2\n\n" and streamed.first_chunk_ms is not None
+    assert helper != os.getpid() and target._outside.broken.startswith("BrokenPipeError")
+
+
+def test_requests_one_at_a_time_stop_at_their_time_and_after_a_timeout():
+    from servescope.doctor.endpoints.client import in_turn
+
+    class Slow:
+        def __init__(self, error=None):
+            self.error = error
+
+    assert len(in_turn([lambda: Slow()] * 5, 0.0)) == 1  # the first always runs, then the time is up
+    assert len(in_turn([lambda: Slow()] * 5, 60.0)) == 5
+    assert len(in_turn([lambda: Slow("timeout: no answer within 1 s")] * 5, 60.0)) == 1  # (the next would queue behind it)

@@ -162,6 +162,9 @@ class _Run:
             except EndpointError as exc:
                 self.start_error = str(exc)
                 return
+            t0 = time.perf_counter()
+            self.endpoint.ready_load()  # (an app's requests come from the helper process from the first, as its clients' do)
+            self.aside_s += time.perf_counter() - t0
             self.tick("cold request", 0.0)
             self.exceptions.__enter__()  # (after start: uvicorn configures its loggers there)
             self.cold = self.endpoint.request(self.body, o.timeout_s)

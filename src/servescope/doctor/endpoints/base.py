@@ -52,6 +52,11 @@ class Endpoint(Protocol):
         gets it with the endpoint's method and Content-Type, at ``path`` when given: another
         query string); a handler that does not answer within ``timeout_s`` is abandoned."""
 
+    def one_by_one(self, body: bytes, n: int, timeout_s: float, max_seconds: float, path: str | None = None) -> list[Observation]:
+        """Up to ``n`` requests as ``request`` sends them, one after another: none starts once
+        ``max_seconds`` have passed (the first always does), nor after one that timed out. An
+        app's come from the helper process once ``ready_load`` started it, all in one go."""
+
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
     ) -> tuple[list[Observation], float]:
@@ -60,7 +65,8 @@ class Endpoint(Protocol):
 
     def ready_load(self) -> None:
         """Start what the concurrent load needs before a phase's clock starts (an app's helper
-        process); nothing for a function, whose callers are threads of this process."""
+        process, which sends the requests one at a time too from then on); nothing for a
+        function, whose callers are threads of this process."""
 
     def concurrent_from_outside(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float

@@ -11,7 +11,6 @@ import asyncio
 import contextvars
 import http.client
 import itertools
-import re
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ from ...timing import Trace
 from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
+from .client import Sent, send_in_turn
 from .function import DaemonPool, lag_monitor
 from .outside import OutsideLoad, Row, closed_loop_block, rows_of
 
@@ -71,24 +71,6 @@ class _Collector:
             self.by_id.clear()
 
 
-def _streamed(resp: http.client.HTTPResponse) -> bool:
-    """An answer sent in chunks (``Transfer-Encoding: chunked``, Server-Sent Events) rather than
-    with its length: what a streamed response looks like on the wire."""
-    return resp.getheader("Content-Length") is None and (
-        "chunked" in (resp.getheader("Transfer-Encoding") or "").lower() or "event-stream" in (resp.getheader("Content-Type") or "")
-    )
-
-
-def _one_line(body: bytes, limit: int = 160) -> str:
-    """An error answer's body as one short line: an HTML page's text without its tags."""
-    text = body[:4096].decode("utf-8", "replace")
-    if text.lstrip()[:1] == "<":
-        text = re.sub(r"<title>.*?</title>", " ", text, flags=re.S | re.I)
-        text = re.sub(r"<[^>]*>", " ", text)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 class _HTTPEndpoint:
     """What the ASGI and WSGI targets share: the client side."""
 
@@ -115,53 +97,42 @@ class _HTTPEndpoint:
         return None
 
     def request(self, body: bytes, timeout_s: float, path: str | None = None) -> Observation:
-        """One request; its server-side trace is found by the id it carries in a header (a
-        request abandoned earlier may finish later: its trace must not be taken for this one)."""
-        self._next_id += 1
-        rid = str(self._next_id)
-        t0 = time.perf_counter_ns()
-        status, err, data, first = None, None, None, None
-        arrivals: list[int] = []
-        deadline = time.monotonic() + timeout_s
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
-        try:
-            headers = {REQUEST_ID_HEADER: rid}
-            if self.content_type and body:
-                headers["Content-Type"] = self.content_type
-            conn.request(self.method, path or self.path, body=body or None, headers=headers)
-            conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            resp = conn.getresponse()
-            status = resp.status
-            if _streamed(resp):  # read it as it comes: when did its first chunk arrive?
-                chunks = []
-                while True:
-                    chunk = resp.read1(65536)
-                    if not chunk:
-                        break
-                    arrivals.append(time.perf_counter_ns())
-                    if first is None:
-                        first = (arrivals[0] - t0) / 1e6
-                    chunks.append(chunk)
-                data = b"".join(chunks)
-            else:
-                data = resp.read()
-            if status >= 400:
-                err = f"HTTP {status}: {_one_line(data)}"
-        except socket.timeout:
-            err = f"timeout: no answer within {timeout_s:.3g} s"
-        except (OSError, http.client.HTTPException) as exc:
-            err = f"{type(exc).__name__}: {exc}"
-        finally:
-            conn.close()
-        latency = (time.perf_counter_ns() - t0) / 1e6
-        wait_until = time.monotonic() + 1.0  # the server records just after the last byte
-        found = self.collector.find(rid)
-        while found is None and time.monotonic() < wait_until and err is None:
-            time.sleep(0.0005)
+        return self.one_by_one(body, 1, timeout_s, timeout_s, path)[0]
+
+    def one_by_one(self, body: bytes, n: int, timeout_s: float, max_seconds: float, path: str | None = None) -> list[Observation]:
+        """Up to ``n`` requests, one after another (none starts after ``max_seconds``, or after
+        one that timed out); each server-side trace is found by the id its request carries in a
+        header (a request abandoned earlier may finish later: its trace must not be taken for
+        one of these)."""
+        rids, headers = [], []
+        for _ in range(n):
+            self._next_id += 1
+            rids.append(str(self._next_id))
+            headers.append({REQUEST_ID_HEADER: rids[-1]} | ({"Content-Type": self.content_type} if self.content_type and body else {}))
+        out = []
+        for rid, sent in zip(rids, self._send(path or self.path, body, headers, timeout_s, max_seconds)):
+            wait_until = time.monotonic() + 1.0  # the server records just after the last byte
             found = self.collector.find(rid)
-        tr, ev = found or (None, None)
-        gaps = [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])]
-        return Observation(latency, status, err, tr, ev or {}, data, first, gaps)
+            while found is None and time.monotonic() < wait_until and sent.error is None:
+                time.sleep(0.0005)
+                found = self.collector.find(rid)
+            tr, ev = found or (None, None)
+            out.append(Observation(sent.latency_ms, sent.status, sent.error, tr, ev or {}, sent.data, sent.first_chunk_ms, sent.gaps_ms))
+        return out
+
+    def _send(self, path: str, body: bytes, headers: list[dict[str, str]], timeout_s: float, max_seconds: float) -> list[Sent]:
+        """From the helper process once ``ready_load`` started it, as a server's clients send,
+        all in one go: a client in the app's own process, or one this process wakes for each
+        request, moves where the kernel runs the app's threads (an ONNX Runtime session built
+        per request, whose threads it pins to cores, ran 2-4 ms slower on the core it pins,
+        where this process's client put it over half the time, and gunicorn's requests under
+        a tenth). From this process where no helper runs (a fresh child's first requests, or
+        a helper that broke)."""
+        if self._outside is not None and self._outside.proc is not None:
+            got = self._outside.one_by_one(self.host, self.port, self.method, path, body, headers, timeout_s, max_seconds)
+            if got is not None:
+                return got
+        return send_in_turn(self.host, self.port, self.method, path, body, headers, timeout_s, max_seconds)
 
     def concurrent(
         self, body: bytes, concurrency: int, requests: int, timeout_s: float, max_seconds: float
@@ -207,7 +178,8 @@ class _HTTPEndpoint:
         return [Observation(r.latency_ms, r.status, r.error, first_chunk_ms=r.first_chunk_ms) for r in rows], elapsed
 
     def ready_load(self) -> None:
-        """Start the load's helper process before a phase's clock starts (its imports are not load)."""
+        """Start the load's helper process before a phase's clock starts (its imports are not
+        load); from then on the sequential requests are sent from it too (``_send``)."""
         if self._outside is None:
             self._outside = OutsideLoad()
         self._outside.start()

@@ -1,5 +1,5 @@
 """Load from outside the doctor's process: the concurrent phase and the experiments'
-concurrent blocks on an app.
+concurrent blocks on an app, and once the helper runs, the requests one at a time too.
 
 The doctor serves an app in its own process, and a load generator there shares the GIL with
 the app's loop and worker threads. Near 200 requests a second that costs the app several
@@ -15,6 +15,7 @@ finds each request's trace.
     load.start()                  # before the clock starts: the helper's imports are not the load's
     got = load.run(url, "POST", body, "application/json", concurrency=8, requests=32, timeout_s=30, max_seconds=8)
     # [Row(latency_ms, status, error, first_chunk_ms, request_id, chunk_gaps_ms), ...], elapsed_s; None: no helper
+    sents = load.one_by_one("127.0.0.1", 8000, "POST", "/predict", body, [headers] * 5, timeout_s=30, max_seconds=8)  # with answers
     load.close()
 """
 
@@ -31,6 +32,7 @@ import time
 from typing import Any, NamedTuple
 
 from ...environment import HELPERS, retire_helper
+from .client import Sent, send_in_turn
 
 __all__ = ["OutsideLoad", "Row", "closed_loop_block", "rows_of"]
 
@@ -113,6 +115,23 @@ class OutsideLoad:
             return None
         return [Row(*r) for r in reply["results"]], reply["elapsed"]
 
+    def one_by_one(
+        self, host: str, port: int, method: str, path: str, body: bytes, headers: list[dict[str, str]], timeout_s: float, max_seconds: float
+    ) -> list[Sent] | None:
+        """A request for each of ``headers``, one after another, sent from the helper with
+        their answers; the next starts only while ``max_seconds`` have not passed, and none
+        after one that timed out. None when the helper broke (the caller sends them itself)."""
+        job = {"one_by_one": [host, port, method, path, base64.b64encode(body).decode(), headers, timeout_s, max_seconds]}
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(job).encode() + b"\n")
+            self.proc.stdin.flush()
+            got = json.loads(self._line(max_seconds + timeout_s + 10.0))["sent"]
+        except (OSError, ValueError) as exc:
+            self._broke(exc)
+            return None
+        return [Sent(g[0], g[1], g[2], base64.b64decode(g[3]) if g[3] is not None else None, g[4], g[5]) for g in got]
+
     def _line(self, wait: float) -> bytes:
         assert self.proc is not None and self.proc.stdout is not None
         if not select.select([self.proc.stdout], [], [], wait)[0]:
@@ -186,13 +205,20 @@ def _block(job: dict[str, Any]) -> dict[str, Any]:
     return {"results": rows_of(results), "elapsed": elapsed}
 
 
+def _one_by_one(args: list[Any]) -> dict[str, Any]:
+    host, port, method, path, body, headers, timeout_s, max_seconds = args
+    sents = send_in_turn(host, port, method, path, base64.b64decode(body), headers, timeout_s, max_seconds)
+    return {"sent": [[*s[:3], base64.b64encode(s.data).decode() if s.data is not None else None, *s[4:]] for s in sents]}
+
+
 def main() -> None:
     from ...load import loadgen  # noqa: F401  (imported before it says it is ready)
 
     sys.stdout.write(READY.decode())
     sys.stdout.flush()
     for line in sys.stdin:
-        sys.stdout.write(json.dumps(_block(json.loads(line))) + "\n")
+        job = json.loads(line)
+        sys.stdout.write(json.dumps(_one_by_one(job["one_by_one"]) if "one_by_one" in job else _block(job)) + "\n")
         sys.stdout.flush()
 
 
