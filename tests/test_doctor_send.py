@@ -311,3 +311,38 @@ def test_the_next_request_goes_to_the_thread_that_came_free_last_and_none_is_los
     assert ran == [last] * 6
     pool.shutdown()
     assert _until(lambda: not any(t.is_alive() for t in pool._threads))
+
+
+def test_a_wsgi_apps_requests_at_once_each_get_a_thread_and_every_thread_ends_with_the_server():
+    """The thread waiting on the socket hands it on before it serves: requests that come at
+    once run at once, on as many threads, and stopping the server ends them all."""
+    import threading
+
+    from flask import Flask
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    from servescope.doctor.endpoints.client import send_one
+    from servescope.doctor.endpoints.http import WSGIEndpoint
+
+    app, threads = Flask("at_once"), set()
+
+    @app.route("/predict", methods=["POST"])
+    def predict():
+        threads.add(threading.current_thread())
+        time.sleep(0.25)
+        return {"ok": True}
+
+    ep = WSGIEndpoint(app, "/predict")
+    ep.start(5.0)
+    try:
+        with ThreadPoolExecutor(8) as callers:
+            t0 = time.perf_counter()
+            sent = list(callers.map(lambda _: send_one("127.0.0.1", ep.port, "POST", "/predict", b"{}", {}, 10.0), range(8)))
+            elapsed = time.perf_counter() - t0
+        server = ep._server
+    finally:
+        ep.stop()
+    assert all(s.status == 200 for s in sent), sent
+    assert len(threads) == 8 and elapsed < 1.5  # (one after another: 2 s)
+    assert _until(lambda: not any(w.thread.is_alive() for w in server._workers))

@@ -8,14 +8,13 @@ handler: each request gets a trace (from servescope's middleware) and an evidenc
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import http.client
 import itertools
 import socket
 import threading
 import time
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler
 
 from ...exceptions import EndpointError
 from ...middleware import ServescopeMiddleware, ServescopeWSGIMiddleware
@@ -24,8 +23,9 @@ from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .client import Sent, send_in_turn
-from .function import DaemonPool, lag_monitor
+from .function import lag_monitor
 from .outside import OutsideLoad, Row, closed_loop_block, rows_of
+from .wsgi_server import LeaderWSGIServer
 
 __all__ = ["ASGIEndpoint", "REQUEST_ID_HEADER", "WSGIEndpoint", "free_port"]
 
@@ -301,35 +301,6 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-class _PooledWSGIServer(WSGIServer):
-    """Each request on a thread of a pool, reused as gunicorn's and waitress's threads are. A
-    new thread for every request (``ThreadingMixIn``) costs what a served process does not pay:
-    an ONNX Runtime session built per request ran 3-6 ms slower on a fresh thread each time
-    (p50 12-16 ms against 10), and the doctor counted that in the loader's saving. Each
-    request runs in a context of its own, as on a new thread."""
-
-    MAX_THREADS = 256  # (grown on demand; a handler that never returns keeps its thread)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pool = DaemonPool(self.MAX_THREADS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self.pool.submit(lambda: contextvars.Context().run(self._one, request, client_address))
-
-    def _one(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-
-    def server_close(self) -> None:
-        super().server_close()
-        self.pool.shutdown()
-
-
 class WSGIEndpoint(_HTTPEndpoint):
     kind = "wsgi"
 
@@ -359,15 +330,15 @@ class WSGIEndpoint(_HTTPEndpoint):
         return [(r.rule, sorted(m for m in (r.methods or ()) if m not in ("HEAD", "OPTIONS"))) for r in url_map.iter_rules()]
 
     def start(self, timeout_s: float) -> None:
-        self._server = _PooledWSGIServer((self.host, 0), _QuietHandler)
+        self._server = LeaderWSGIServer((self.host, 0), _QuietHandler)
         self._server.set_app(self.app)
         self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True, name="servescope-wsgi").start()
+        self._server.start()
 
     def stop(self) -> None:
         self._close_outside()
         if self._server is not None:
-            self._server.shutdown()
+            self._server.stop()
             self._server.server_close()
 
 
