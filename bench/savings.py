@@ -7,7 +7,8 @@ mistake, and its fixed twin (`NAME_fixed.py`): the same endpoint with that mista
 nothing else. For each case:
 - the doctor runs on the endpoint (`servescope doctor`, as a user would) and names the cause
   with its saving, at the load it states;
-- both twins are served by uvicorn on loopback and loaded by `servescope bench` at that load,
+- both twins are served on loopback (uvicorn; a Flask app by gunicorn, one sync worker) and
+  loaded by `servescope bench` at that load,
   back to back, `--rounds` times; the realized saving is the median of the rounds' p50
   differences (for a cold start: of the first requests, each in a fresh server);
 - each round runs the doctor first (while `--doctor-runs` are left), then the two twins, so a
@@ -24,6 +25,7 @@ machine has (`quiet_too=False`) runs only with `--neighbour` (or by name with `-
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import statistics
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,10 @@ class Case:
     #: the fix is a setting read when a library loads: the twin is the same file served with it
     fixed_env: dict | None = None
     quiet_too: bool = True  # False: a cause only a busy machine has (its case runs with --neighbour)
+    #: a form upload of the body's "image" under this field, with ``method`` (else a JSON body)
+    upload: str = ""
+    method: str = "POST"
+    server: str = "uvicorn"  # or "gunicorn" (a WSGI app: one sync worker, its default)
 
     @property
     def module(self) -> str:
@@ -85,6 +92,7 @@ def cases() -> list[Case]:
         Case("tokenizer_per_request", "model-load-per-request", "/embed", text),
         Case("sklearn_per_request", "model-load-per-request", "/score", {"rows": [[0.1 * i + j for i in range(12)] for j in range(4)]}),
         Case("ort_per_request", "model-load-per-request", "/predict", image_payload()),
+        Case("flask_ort_per_request", "model-load-per-request", "/classify", image_payload(), upload="image", method="PUT", server="gunicorn"),
         Case("cold_start", "cold-start", "/classify", text, cold=True),
         Case("padding", "padding-waste", "/embed", {"texts": ["short text one", "another short text", "a third one here"]}),
         Case("per_item", "per-item-calls", "/embed", {"texts": TITLES}),
@@ -103,9 +111,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(CASES_DIR), src]), "HF_HUB_OFFLINE": "1"}
 
 
-def serve(module: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+def serve(module: str, env: dict | None = None, server: str = "uvicorn") -> tuple[subprocess.Popen, int]:
     port = free_port()
     cmd = [sys.executable, "-m", "uvicorn", f"{module}:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    if server == "gunicorn":
+        cmd = [sys.executable, "-m", "gunicorn", "-w", "1", "-b", f"127.0.0.1:{port}", f"{module}:app", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=CASES_DIR, env={**_env(), **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 120
@@ -115,14 +125,21 @@ def serve(module: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=5)
             return proc, port
+        except urllib.error.HTTPError:  # (a Flask app has no such page: any answer says it serves)
+            return proc, port
         except OSError:
             time.sleep(0.2)
     stop_group(proc)
     raise RuntimeError(f"{module} did not start")
 
 
+def sent(case: Case, body: Path) -> list[str]:
+    """What ``servescope bench`` and ``doctor`` send: the JSON body, or the form upload."""
+    return ["-X", case.method, "--file", f"{case.upload}={body}"] if case.upload else ["--body", str(body)]
+
+
 def first_request_ms(module: str, case: Case, body: Path, env: dict | None = None) -> float:
-    proc, port = serve(module, env)
+    proc, port = serve(module, env, case.server)
     try:
         data = body.read_bytes()
         t0 = time.perf_counter()
@@ -134,11 +151,11 @@ def first_request_ms(module: str, case: Case, body: Path, env: dict | None = Non
 
 
 def bench_p50(module: str, case: Case, body: Path, seconds: float, tmp: Path, env: dict | None = None) -> dict:
-    proc, port = serve(module, env)
+    proc, port = serve(module, env, case.server)
     try:
         out = tmp / f"bench-{module}.json"
         url = f"http://127.0.0.1:{port}{case.path}"
-        cmd = [sys.executable, "-m", "servescope", "bench", url, "--body", str(body), "-c", str(case.concurrency),
+        cmd = [sys.executable, "-m", "servescope", "bench", url, *sent(case, body), "-c", str(case.concurrency),
                "-d", f"{seconds:g}s", "--warmup", "2s", "--json", str(out)]  # fmt: skip
         subprocess.run(cmd, capture_output=True, timeout=seconds + 120, env=_env(), check=False)
         data = json.loads(out.read_text())
@@ -159,7 +176,7 @@ def realized_once(case: Case, body: Path, seconds: float, tmp: Path) -> tuple[fl
 
 def doctor(case: Case, body: Path, tmp: Path) -> dict:
     out = tmp / f"doctor-{case.module}.json"
-    cmd = [sys.executable, "-m", "servescope", "doctor", str(CASES_DIR / f"{case.module}.py") + ":app", "--body", str(body),
+    cmd = [sys.executable, "-m", "servescope", "doctor", str(CASES_DIR / f"{case.module}.py") + ":app", *sent(case, body),
            "--path", case.path, "-c", str(max(case.concurrency, 8)), "--json", str(out)]  # fmt: skip
     t0 = time.perf_counter()
     p = run_alone(cmd, timeout=600, env=_env(), cwd=tmp)  # (a session of its own, as the servers')
@@ -205,6 +222,9 @@ def main() -> None:
         for case in chosen:
             body = tmp / f"{case.module}.json"
             body.write_text(json.dumps(case.body))
+            if case.upload:
+                body = tmp / f"{case.module}.png"
+                body.write_bytes(base64.b64decode(case.body["image"]))
             # each round: a doctor run (while there are runs to make), then the endpoint and its
             # twin back to back, so that the machine's drift over minutes falls on all three
             runs, befores, afters = [], [], []

@@ -27,7 +27,11 @@ def ensure_model() -> str:
 
 
 def pixels(b64: str, size: int = 96) -> np.ndarray:
-    img = Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB").resize((size, size))
+    return pixels_of(base64.b64decode(b64), size)
+
+
+def pixels_of(raw: bytes, size: int = 96) -> np.ndarray:
+    img = Image.open(io.BytesIO(raw)).convert("RGB").resize((size, size))
     x = (np.asarray(img, dtype=np.float32) / 255 - MEAN) / STD
     return np.ascontiguousarray(x.transpose(2, 0, 1))[None]
 
