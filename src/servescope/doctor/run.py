@@ -16,7 +16,6 @@ them, rather than blame the endpoint.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -27,26 +26,13 @@ import numpy as np
 
 from ..environment import CpuReading, available_cpus, helper_cpu_seconds, idle_cpu_seconds
 from ..exceptions import EndpointError
-from ..openmp import openmp_loaded, wait_policy_set
-from ..recorder import Recorder
 from ..report import Report
-from ..sections import Diagnosis, Unattributed, Verdict  # (Verdict: importable from here as before)
-from .attribution import split_other, stage_windows
-from .evidence import (
-    BatchProbe,
-    Cold,
-    Concurrent,
-    Environment,
-    Evidence,
-    Forwards,
-    Machine,
-    Repeated,
-    Warm,
-    WhatIf,
-)
+from ..sections import Verdict  # (importable from here as before)
+from .assemble import evidence_of, report_of
+from .evidence import BatchProbe, Evidence, Machine, Repeated, Warm, WhatIf
 from .batchprobe import NO_CALL, probe_captured
 from .probes import Probes
-from .summary import blas_threads, chunk_gaps, data_load_keys, first_chunk_p50, forwards_of, repeated_of, warm_of
+from .summary import data_load_keys, repeated_of, warm_of
 from .failures import ExceptionLog
 from .sampler import StackSampler
 from .experiments import AT_CONCURRENCY, PER_REQUEST
@@ -60,11 +46,6 @@ from .verdict import verdict_of
 __all__ = ["DoctorOptions", "Verdict", "diagnose"]
 
 
-#: A share of the request outside every stage above which the report says it cannot tell.
-UNATTRIBUTED_SHARE = 0.3
-#: The unstaged time of a request with no model call is said to be in its hot spot only when
-#: code was sampled running for at least this share of it
-WORKING_SHARE = 0.5
 #: The probes are blamed only when this share of probed requests failed and every one of
 #: this many unprobed requests succeeded.
 PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
@@ -251,7 +232,7 @@ class _Run:
         for c in self.conc:
             c.answer = None
         loop_tid = self.endpoint.loop_thread_id
-        exclude = {threading.main_thread().ident or 0, loop_tid or 0}
+        exclude = {threading.get_ident(), loop_tid or 0}  # (the run's own thread)
         exclude |= {t.ident or 0 for t in threading.enumerate() if t.name.startswith(("servescope-caller", "servescope-sampler", "servescope-ticker"))}
         if self.sampler.gil_wait_p50_ms(t0, t1) is None:
             self.missing["concurrent.cpu"] = f"the concurrent phase ({(t1 - t0) / 1e6:.0f} ms) was too short for the sampler to measure GIL waits"
@@ -453,119 +434,11 @@ class _Run:
                           endpoint=self.endpoint, path=self.options.path)  # fmt: skip
 
     def _evidence(self) -> Evidence:
-        """What the run measured, typed: for the experiments, then the rules."""
-        warm = self._warm_evidence()
-        if "warm.forwards" in self.missing:
-            warm.forwards = Forwards()
-        ok_warm = [w for w in self.warm if w.error is None]
-        o = self.options
-        conc_ok = [c for c in self.conc if c.error is None]
-        # from the median: one slow request (a collection, a late warm-up) must not halve it
-        seq_rps = 1000 / statistics.median(w.latency_ms for w in ok_warm) if ok_warm else None
-
-        lag = list(self.endpoint.lag_ms)
-        torch = self.probes.torch
-        concurrent = Concurrent(
-            concurrency=o.concurrency,
-            requests=len(self.conc),
-            errors=sum(1 for c in self.conc if c.error),
-            throughput_rps=round(len(conc_ok) / self.conc_elapsed, 2) if self.conc_elapsed else None,
-            sequential_rps=round(seq_rps, 2) if seq_rps else None,
-            p50_ms=round(float(np.percentile([c.latency_ms for c in conc_ok], 50)), 3) if conc_ok else None,
-            first_chunk_p50_ms=first_chunk_p50(conc_ok),
-            chunk_gap_p50_ms=chunk_gaps(conc_ok)[0],
-            chunk_gap_p95_ms=chunk_gaps(conc_ok)[1],
-            forwards=forwards_of(self.conc, skip=self.constant) if self.probes_at_fault is None else None,
-            loop_lag_max_ms=round(max(lag), 3) if lag else None,
-            loop_lag_p99_ms=round(float(np.percentile(lag, 99)), 3) if lag else None,
-            background_calls=len(self.probes.background_forwards),
-            background_batch_sizes=sorted({f["batch"] for f in self.probes.background_forwards if f.get("batch")}),
-            **self.concurrent_extra,
-            **self.served,
-        )
-        windows: dict[str, list[tuple[int, int]]] = {}
-        for w in ok_warm:
-            if w.trace is not None:
-                for k, v in stage_windows(w.trace, w.evidence).items():
-                    windows.setdefault(k, []).extend(v)
-        cold = self.cold or Observation(0.0)
-        hot = self.sampler.hot_spots(windows)
-        working = self.sampler.working_share(windows.get("other", []))
-        if "other" in hot and working is not None and working < WORKING_SHARE:
-            del hot["other"]  # (mostly waiting: I/O, a lock; what ran is not where the time went)
-        again_ms, again_p50, again_error = self.repeated_cold or (None, None, None)
-        cold_stages = split_other(cold.trace, cold.evidence) if cold.trace is not None else {}
-        evidence = Evidence(
-            target_kind=self.endpoint.kind,
-            cold=Cold(
-                latency_ms=round(cold.latency_ms, 3),
-                error=cold.error,
-                loads=cold.evidence.get("loads", 0),
-                constructed=cold.evidence.get("constructed", 0),
-                params_built=cold.evidence.get("params_built", 0),
-                load_calls=[label for label, _ in cold.evidence.get("load_calls", [])],
-                stage_ms={k: round(v, 3) for k, v in cold_stages.items()},
-                repeat_ms=again_ms,
-                repeat_p50_ms=again_p50,
-                repeat_error=again_error or "",
-            ),
-            warm=warm,
-            concurrent=concurrent,
-            batch_probe=self.probe,
-            repeated=self.repeated,
-            environment=Environment(
-                cuda_available=bool(torch is not None and torch.cuda.is_available()),
-                torch_threads=torch.get_num_threads() if torch is not None else None,
-                cpus_available=available_cpus(),
-                workers=1,
-                blas_threads=blas_threads(),
-                ort_threads=max((n or (os.cpu_count() or 1) for n in self.probes.ort_threads), default=None),
-                omp_wait_policy=(wait_policy_set() or "default") if openmp_loaded() else None,
-            ),
-            hot_spots=hot,
-            hot_spots_in_user_code={k: self.sampler.is_user_code(v) for k, v in hot.items()},
-            hot_lines={k: line for k, v in hot.items() if (line := self.sampler.line_of(v))},
-            hot_spot_lines={k: lines for k, v in hot.items() if (lines := self.sampler.own_lines(v))},
-            app_exceptions=self.exceptions.summaries(),
-            seconds=round(time.perf_counter() - self.started + self.import_s, 2),
-            missing=self.missing,
-            probes_disabled=dict(self.probes.disabled),
-            probes_at_fault=self.probes_at_fault,
-            experiments=dict(self.experiments),
-            machine=self.machine,
-        )
-        return evidence
+        """What the run measured, typed: for the experiments, then the rules (doctor/assemble.py)."""
+        return evidence_of(self)
 
     def report(self, target_name: str) -> Report:
-        rec = Recorder()
-        is_http = self.endpoint.kind != "function"
-        for w in self.warm:  # the cold request is reported on its own (first_ms), not in the statistics
-            stages = split_other(w.trace, w.evidence) if w.trace is not None else {}
-            if w.trace is not None and is_http:  # what the server did not see
-                stages["network+client"] = max(w.latency_ms - (w.trace.total_ms or 0.0), 0.0)
-            rec.record_durations(stages, w.latency_ms, error=w.error)
-        report = rec.report(title=f"servescope doctor {target_name}".strip(), tool="servescope doctor", target=target_name, diagnosed=True)
-        report.meta["request"] = self.send.describe(getattr(self.endpoint, "method", None))
-        verdict = self.verdict()
-        if self.cold is not None:
-            report.latency["first_ms"] = round(self.cold.latency_ms, 4)
-        failures = sorted({x.error for x in [self.cold, *self.warm, *self.conc] if x is not None and x.error})
-        failures += [f"raised: {r}" for r in self.exceptions.summaries()]
-        diagnosis = report.diagnosis = Diagnosis(
-            verdict=verdict, endpoint_errors=failures[:5], probes_disabled=dict(self.probes.disabled)
-        )
-        if not verdict.diagnosed:
-            report.meta["diagnosed"] = False
-            return report
-        evidence = self._evidence()
-        diagnosis.evidence = evidence.to_dict()
-        other = (report.stages.get("other") or {}).get("share") or 0.0
-        if other >= UNATTRIBUTED_SHARE:
-            diagnosis.unattributed = Unattributed(share=round(other, 3), where=evidence.hot_spots.get("other", ""))
-        from ..rules import diagnose_report
-
-        report.findings = diagnose_report(report)
-        return report
+        return report_of(self, target_name)
 
 
 def diagnose(
