@@ -46,9 +46,9 @@ class _HandlerExit(Exception):
 class DaemonPool:
     """Worker threads that are daemons: the doctor can always exit, whatever a handler does.
     Grows on demand up to ``size``; a thread stuck in a handler is simply lost. The next job
-    goes to the thread that came free last, as a server's workers take one caller's requests
-    in turn: on threads taken in turn, an ONNX Runtime session (whose threads it pins to
-    cores) ran on the pinned thread's core about a third of the time, 2-5 ms slower each."""
+    goes to the thread that came free last, as a server's worker takes one caller's requests
+    in turn (threads taken in turn move the request's work from core to core: see
+    endpoints/wsgi_server.py for what that cost an ONNX Runtime session)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
