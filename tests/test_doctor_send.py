@@ -346,3 +346,29 @@ def test_a_wsgi_apps_requests_at_once_each_get_a_thread_and_every_thread_ends_wi
     assert all(s.status == 200 for s in sent), sent
     assert len(threads) == 8 and elapsed < 1.5  # (one after another: 2 s)
     assert _until(lambda: not any(w.thread.is_alive() for w in server._workers))
+
+
+def test_a_flask_view_that_calls_sys_exit_fails_its_request_and_the_next_ones_are_served():
+    import sys
+
+    from flask import Flask
+
+    from servescope.doctor.endpoints.http import WSGIEndpoint
+
+    app, calls = Flask("exits"), []
+
+    @app.route("/predict", methods=["POST"])
+    def predict():
+        calls.append(1)
+        if len(calls) == 1:
+            sys.exit(3)
+        return {"ok": True}
+
+    ep = WSGIEndpoint(app, "/predict")
+    ep.start(5.0)
+    try:
+        first, *rest = [ep.request(b"{}", 5.0) for _ in range(3)]
+    finally:
+        ep.stop()
+    assert first.error is not None and first.error.startswith("HTTP 500")
+    assert all(o.error is None and o.status == 200 for o in rest), rest

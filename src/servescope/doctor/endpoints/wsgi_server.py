@@ -122,7 +122,7 @@ class LeaderWSGIServer(WSGIServer):
         try:
             if self.verify_request(request, client_address):
                 self.finish_request(request, client_address)
-        except Exception:
+        except BaseException:  # noqa: B036 - the app's failure (a sys.exit too) is its request's, not the thread's
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
