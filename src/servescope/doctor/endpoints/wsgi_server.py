@@ -25,6 +25,7 @@ import contextvars
 import select
 import socket
 import threading
+import time
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -91,25 +92,33 @@ class LeaderWSGIServer(WSGIServer):
                 _wake(before)  # (it goes idle, on top: it came free before this one)
 
     def _accept(self, me: _Worker) -> tuple[Any, Any] | None:
-        """A connection, once this thread leads; None once another leads or the server stops."""
+        """A connection, once this thread leads; None once another leads or the server stops.
+        (``poll``, not ``select``: a process with over 1024 files open is no reason to fail.)"""
+        poller = select.poll()
+        try:
+            listening = self.socket.fileno()
+            poller.register(listening, select.POLLIN)
+            poller.register(me.wake_r, select.POLLIN)
+        except (OSError, ValueError):  # (the socket closed: the server is done)
+            with self._lock:
+                self._closed = True
+            return None
         while True:
-            try:
-                ready, _, _ = select.select([self.socket, me.wake_r], [], [])
-            except (OSError, ValueError):  # (the socket closed)
-                return None
-            if me.wake_r in ready:
+            ready = {fd for fd, _ in poller.poll()}
+            if me.wake_r.fileno() in ready:
                 me.wake_r.recv(64)
             with self._lock:
                 if self._closed or self._leader is not me:
                     return None
-            if self.socket not in ready:
+            if listening not in ready:
                 continue
             try:
                 request, address = self.socket.accept()
             except (BlockingIOError, InterruptedError):
                 continue  # (another thread took it)
-            except OSError:
-                return None
+            except OSError:  # (out of files, say: not a reason to spin)
+                time.sleep(0.01)
+                continue
             request.setblocking(True)
             with self._lock:  # the next idle thread waits on the socket while this one serves
                 if self._leader is me:
