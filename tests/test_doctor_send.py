@@ -300,6 +300,7 @@ def test_the_next_request_goes_to_the_thread_that_came_free_last_and_none_is_los
     for i in (0, 1, 2):  # the first three come free in turn; the first of them takes the waiting job
         gates[i].set()
         assert busy[i].result(10) is not None
+    assert _until(lambda: len(pool._idle) == 2)  # (the second and third back before the first is done)
     gates[3].set()
     assert busy[3].result(10) is busy[0].result()
     assert _until(lambda: len(pool._idle) == 3)  # (each back once its job is done)
