@@ -105,15 +105,8 @@ class OutsideLoad:
             return None
         job = {"url": url, "method": method, "body": base64.b64encode(body).decode(), "content_type": content_type,
                "concurrency": concurrency, "requests": requests, "timeout_s": timeout_s, "max_seconds": max_seconds}  # fmt: skip
-        try:
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(job).encode() + b"\n")
-            self.proc.stdin.flush()
-            reply = json.loads(self._line(max_seconds + timeout_s + 10.0))
-        except (OSError, ValueError) as exc:
-            self._broke(exc)
-            return None
-        return [Row(*r) for r in reply["results"]], reply["elapsed"]
+        reply = self._ask(job, max_seconds + timeout_s + 10.0)
+        return ([Row(*r) for r in reply["results"]], reply["elapsed"]) if reply is not None else None
 
     def one_by_one(
         self, host: str, port: int, method: str, path: str, body: bytes, headers: list[dict[str, str]], timeout_s: float, max_seconds: float
@@ -122,15 +115,21 @@ class OutsideLoad:
         their answers; the next starts only while ``max_seconds`` have not passed, and none
         after one that timed out. None when the helper broke (the caller sends them itself)."""
         job = {"one_by_one": [host, port, method, path, base64.b64encode(body).decode(), headers, timeout_s, max_seconds]}
+        reply = self._ask(job, max_seconds + timeout_s + 10.0)
+        if reply is None:
+            return None
+        return [Sent(g[0], g[1], g[2], base64.b64decode(g[3]) if g[3] is not None else None, g[4], g[5]) for g in reply["sent"]]
+
+    def _ask(self, job: dict[str, Any], wait: float) -> dict[str, Any] | None:
+        """The helper's reply to ``job`` within ``wait`` seconds; None once it broke (said in ``broken``)."""
         try:
             assert self.proc is not None and self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(job).encode() + b"\n")
             self.proc.stdin.flush()
-            got = json.loads(self._line(max_seconds + timeout_s + 10.0))["sent"]
+            return json.loads(self._line(wait))
         except (OSError, ValueError) as exc:
             self._broke(exc)
             return None
-        return [Sent(g[0], g[1], g[2], base64.b64decode(g[3]) if g[3] is not None else None, g[4], g[5]) for g in got]
 
     def _line(self, wait: float) -> bytes:
         assert self.proc is not None and self.proc.stdout is not None
