@@ -92,6 +92,7 @@ def cases() -> list[Case]:
         Case("tokenizer_per_request", "model-load-per-request", "/embed", text),
         Case("sklearn_per_request", "model-load-per-request", "/score", {"rows": [[0.1 * i + j for i in range(12)] for j in range(4)]}),
         Case("ort_per_request", "model-load-per-request", "/predict", image_payload()),
+        Case("async_ort_per_request", "model-load-per-request", "/predict", image_payload()),
         Case("flask_ort_per_request", "model-load-per-request", "/classify", image_payload(), upload="image", method="PUT", server="gunicorn"),
         Case("cold_start", "cold-start", "/classify", text, cold=True),
         Case("padding", "padding-waste", "/embed", {"texts": ["short text one", "another short text", "a third one here"]}),

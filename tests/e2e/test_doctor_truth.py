@@ -167,3 +167,24 @@ def test_a_method_the_route_does_not_take_is_one_line_and_exit_2(tmp_path):
     p, rep, _ = doctor("routes.py:app", tmp_path, "--path", "/v1/embed", "-X", "POST")
     assert p.returncode == 2 and rep is None
     assert p.stderr.strip() == "servescope: error: /v1/embed does not take POST: it takes PUT", p.stderr
+
+
+def test_the_apps_requests_one_at_a_time_run_on_the_main_thread_as_under_a_sync_worker(tmp_path):
+    """glibc's main heap is the one a gunicorn sync worker's (and uvicorn's loop's) requests use."""
+    log = tmp_path / "threads.log"
+    (tmp_path / "flask_threads.py").write_text(
+        "import threading\nfrom flask import Flask\napp = Flask(__name__)\n\n\n"
+        "@app.post('/predict')\ndef predict():\n"
+        f"    open({str(log)!r}, 'a').write(threading.current_thread().name + '\\n')\n"
+        "    return {'ok': True}\n"
+    )
+    (tmp_path / "p.json").write_text("{}")
+    p = subprocess.run(
+        [sys.executable, "-m", "servescope", "doctor", str(tmp_path / "flask_threads.py") + ":app", "--body", "p.json", "--requests", "5",
+         "--concurrency", "2"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = log.read_text().split()
+    assert names[:6] == ["MainThread"] * 6, names  # the first request and the 5 warm ones
+    assert len(set(names)) > 1  # (at concurrency, threads of their own)

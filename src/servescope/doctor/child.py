@@ -5,6 +5,9 @@
 Progress goes to STATUS_FD as JSON lines (the endpoint's own output goes to a log the
 parent keeps); the process ends with ``os._exit`` so that no thread the endpoint left
 behind, and no native library's exit handler, can hold it up or abort it.
+
+The run goes on a thread of its own: the main thread imports the target and then serves the
+app, as uvicorn and gunicorn's worker do (``endpoints/main_thread.py`` says why).
 """
 
 from __future__ import annotations
@@ -27,10 +30,17 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    from .endpoints.main_thread import MainThread
+
     job = json.loads(Path(argv[1]).read_text())
     status = os.fdopen(int(argv[2]), "w", buffering=1)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="servescope-parent-watch").start()
+    host = MainThread.install()
+    threading.Thread(target=_run, args=(job, status), daemon=True, name="servescope-doctor").start()
+    host.host()  # (until the run's thread ends the process)
 
+
+def _run(job: dict[str, Any], status: Any) -> None:
     def say(**msg: Any) -> None:
         status.write(json.dumps(msg) + "\n")
         status.flush()
@@ -41,13 +51,14 @@ def main(argv: list[str]) -> None:
 
         from ..exceptions import ConfigError
         from ..loader import load_target
+        from .endpoints.main_thread import call_on_main_thread
         from .run import DoctorOptions, diagnose
 
         options = DoctorOptions(**{**job["options"], "batch_probe": tuple(job["options"]["batch_probe"])})
         say(phase="start-up (importing the target)")
         try:
             t0 = time.perf_counter()
-            obj = load_target(job["spec"])
+            obj = call_on_main_thread(load_target, job["spec"])
             import_s = time.perf_counter() - t0
             payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
             from .cold import repeat_first_request

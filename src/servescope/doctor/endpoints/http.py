@@ -24,6 +24,7 @@ from ..probes import current_evidence, new_evidence, set_evidence, reset_evidenc
 from .base import Observation
 from .client import Sent, send_in_turn
 from .function import lag_monitor
+from .main_thread import MainJob, on_main_thread
 from .outside import OutsideLoad, Row, closed_loop_block, rows_of
 from .wsgi_server import LeaderWSGIServer
 
@@ -104,6 +105,7 @@ class _HTTPEndpoint:
         one that timed out); each server-side trace is found by the id its request carries in a
         header (a request abandoned earlier may finish later: its trace must not be taken for
         one of these)."""
+        self._in_turn(True)
         rids, headers = [], []
         for _ in range(n):
             self._next_id += 1
@@ -119,6 +121,10 @@ class _HTTPEndpoint:
             tr, ev = found or (None, None)
             out.append(Observation(sent.latency_ms, sent.status, sent.error, tr, ev or {}, sent.data, sent.first_chunk_ms, sent.gaps_ms))
         return out
+
+    def _in_turn(self, one_at_a_time: bool) -> None:
+        """Whether the requests to come are sent one at a time (the WSGI server's main thread
+        then serves each, as a sync worker does)."""
 
     def _send(self, path: str, body: bytes, headers: list[dict[str, str]], timeout_s: float, max_seconds: float) -> list[Sent]:
         """From the helper process once ``ready_load`` started it, as a server's clients send,
@@ -142,6 +148,7 @@ class _HTTPEndpoint:
         finds its trace by the id its answer named (one that got no answer has none, and never
         takes another's)."""
         t0 = time.perf_counter()
+        self._in_turn(concurrency <= 1)
         got = self._outside_rows(body, concurrency, requests, timeout_s, max_seconds)
         self.load_from = "a helper process"
         if got is None:  # (what the helper spent before it broke is not spent again)
@@ -170,6 +177,7 @@ class _HTTPEndpoint:
     ) -> tuple[list[Observation], float] | None:
         """The load of ``concurrent`` from the helper process only (the experiments' blocks):
         latencies and errors, no traces. None when no helper could run it."""
+        self._in_turn(concurrency <= 1)
         got = self._outside_rows(body, concurrency, requests, timeout_s, max_seconds)
         self.collector.forget()  # (the server kept a trace of each: none is claimed)
         if got is None:
@@ -237,7 +245,7 @@ class ASGIEndpoint(_HTTPEndpoint):
         inner = ServescopeMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
         self.app = _EvidenceASGI(inner, self.lag_ms)
         self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | MainJob | None = None
 
     @property
     def loop_thread_id(self) -> int | None:
@@ -265,8 +273,11 @@ class ASGIEndpoint(_HTTPEndpoint):
         self.port = free_port()
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="error", access_log=False, lifespan="auto")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True, name="servescope-uvicorn")
-        self._thread.start()
+        # its loop on the main thread where the child lends it, as uvicorn's own (main_thread.py)
+        self._thread = on_main_thread(self._server.run)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._server.run, daemon=True, name="servescope-uvicorn")
+            self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
             if not self._thread.is_alive():
@@ -334,6 +345,10 @@ class WSGIEndpoint(_HTTPEndpoint):
         self._server.set_app(self.app)
         self.port = self._server.server_address[1]
         self._server.start()
+
+    def _in_turn(self, one_at_a_time: bool) -> None:
+        if self._server is not None:
+            self._server.one_at_a_time = one_at_a_time
 
     def stop(self) -> None:
         self._close_outside()

@@ -17,6 +17,11 @@ realized). A thread for every request (``ThreadingMixIn``) cost more still: 3-6 
 Under concurrency the thread that accepted a connection first hands the socket to the next
 idle thread (a new one if none, up to ``MAX_THREADS``), then serves; once done, it takes the
 socket back. Each request runs in a context of its own, as on a new thread.
+
+In the doctor's child the first thread is the process's main thread (``main_thread.py``), and
+it leads whenever it is free: requests sent one at a time all run on it, as under gunicorn's
+sync worker (a connection that comes while it still finishes the last request waits up to
+``MAIN_GRACE_S`` for it); requests at once run on threads as well, as under ``--threads``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import time
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+from .main_thread import MainJob, on_main_thread
+
 __all__ = ["LeaderWSGIServer"]
 
 
@@ -36,11 +43,20 @@ class _Worker:
     def __init__(self, server: LeaderWSGIServer, n: int) -> None:
         self.woken = threading.Event()  # set when it is to lead (or the server stops)
         self.wake_r, self.wake_w = socket.socketpair()  # a byte: stop waiting on the socket, another leads
-        self.thread = threading.Thread(target=server._work, args=(self,), daemon=True, name=f"servescope-call-{n}")
+        # the first on the process's main thread where it is lent, as a sync worker's requests (main_thread.py)
+        self.thread: threading.Thread | MainJob | None = on_main_thread(lambda: server._work(self)) if n == 0 else None
+        self.on_main = self.thread is not None
+        if self.thread is None:
+            self.thread = threading.Thread(target=server._work, args=(self,), daemon=True, name=f"servescope-call-{n}")
+            self.thread.start()
 
 
 class LeaderWSGIServer(WSGIServer):
     MAX_THREADS = 256  # (grown on demand; a handler that never returns keeps its thread)
+    #: while requests come one at a time, a connection that comes while the main thread is still
+    #: finishing the last (its client has the answer; the server has not let go of it) waits up to
+    #: this long for the main thread, as under a sync worker, then is taken by the thread that leads
+    MAIN_GRACE_S = 0.1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -50,6 +66,8 @@ class LeaderWSGIServer(WSGIServer):
         self._idle: list[_Worker] = []  # (the last came free last)
         self._leader: _Worker | None = None
         self._closed = False
+        self.one_at_a_time = True  # (the doctor says when it sends at concurrency)
+        self._main_serving = False
 
     def start(self) -> None:
         with self._lock:
@@ -58,7 +76,6 @@ class LeaderWSGIServer(WSGIServer):
     def _spawn(self) -> _Worker:  # (under the lock)
         w = _Worker(self, len(self._workers))
         self._workers.append(w)
-        w.thread.start()
         return w
 
     def _work(self, me: _Worker) -> None:
@@ -84,11 +101,20 @@ class LeaderWSGIServer(WSGIServer):
             if got is None:
                 continue
             contextvars.Context().run(self._one, *got)
-            with self._lock:  # done: it came free last, so it waits on the socket again
+            with self._lock:  # done: it came free last, so it waits on the socket again (the main thread first)
+                if me.on_main:
+                    self._main_serving = False
                 if self._closed:
                     return
-                before, self._leader = self._leader, me
-            if before is not None and before is not me:
+                before, first = self._leader, self._workers[0]
+                if first is not me and first.on_main and (first is before or first in self._idle):
+                    if first in self._idle:
+                        self._idle.remove(first)
+                        first.woken.set()
+                    self._leader = first
+                else:
+                    self._leader = me
+            if before is not None and before is not me and before is not self._leader:
                 _wake(before)  # (it goes idle, on top: it came free before this one)
 
     def _accept(self, me: _Worker) -> tuple[Any, Any] | None:
@@ -103,6 +129,7 @@ class LeaderWSGIServer(WSGIServer):
             with self._lock:
                 self._closed = True
             return None
+        seen = 0.0  # when a connection came that waits for the main thread
         while True:
             ready = {fd for fd, _ in poller.poll()}
             if me.wake_r.fileno() in ready:
@@ -111,6 +138,14 @@ class LeaderWSGIServer(WSGIServer):
                 if self._closed or self._leader is not me:
                     return None
             if listening not in ready:
+                continue
+            if self._main_busy(me):
+                seen = seen or time.monotonic()
+            wait = seen + self.MAIN_GRACE_S - time.monotonic() if seen else 0.0
+            if wait > 0:
+                poller.unregister(listening)  # (only a wake-up now: the main thread comes free, or the grace ends)
+                poller.poll(wait * 1000)
+                poller.register(listening, select.POLLIN)
                 continue
             try:
                 request, address = self.socket.accept()
@@ -121,11 +156,18 @@ class LeaderWSGIServer(WSGIServer):
                 continue
             request.setblocking(True)
             with self._lock:  # the next idle thread waits on the socket while this one serves
+                if me.on_main:
+                    self._main_serving = True
                 if self._leader is me:
                     self._leader = self._idle.pop() if self._idle else (self._spawn() if len(self._workers) < self.MAX_THREADS else None)
                     if self._leader is not None:
                         self._leader.woken.set()
             return request, address
+
+    def _main_busy(self, me: _Worker) -> bool:
+        """Requests come one at a time and the main thread, not this one, is still on the last."""
+        with self._lock:
+            return self.one_at_a_time and not me.on_main and self._main_serving
 
     def _one(self, request: Any, client_address: Any) -> None:
         try:
