@@ -167,3 +167,21 @@ def test_an_async_route_runs_on_the_main_threads_loop_and_a_plain_one_on_a_worke
     got = lent(scenario)
     assert all(o.status == 200 for o in got), [(o.status, o.error) for o in got]
     assert where["async"] == {"MainThread"} and "MainThread" not in where["sync"], where
+
+
+def test_a_fresh_process_of_the_app_serves_it_on_its_main_thread_too(tmp_path):
+    """The second first request (cold.py) is measured as the doctor's run measured the first."""
+    from servescope.doctor.cold import repeat_first_request
+    from servescope.doctor.options import DoctorOptions
+
+    log = tmp_path / "threads.log"
+    (tmp_path / "fresh_flask.py").write_text(
+        "import threading\nfrom flask import Flask\napp = Flask(__name__)\n\n\n"
+        "@app.post('/predict')\ndef predict():\n"
+        f"    open({str(log)!r}, 'a').write(threading.current_thread().name + '\\n')\n"
+        "    return {'ok': True}\n"
+    )
+    (tmp_path / "p.json").write_text("{}")
+    first, p50, error = repeat_first_request(f"{tmp_path / 'fresh_flask.py'}:app", str(tmp_path / "p.json"), DoctorOptions(timeout_s=20.0))
+    assert error is None and first and p50, (first, p50, error)
+    assert log.read_text().split() == ["MainThread"] * 6

@@ -30,14 +30,12 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from .endpoints.main_thread import MainThread
+    from .endpoints.main_thread import lend_main_thread
 
     job = json.loads(Path(argv[1]).read_text())
     status = os.fdopen(int(argv[2]), "w", buffering=1)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="servescope-parent-watch").start()
-    host = MainThread.install()
-    threading.Thread(target=_run, args=(job, status), daemon=True, name="servescope-doctor").start()
-    host.host()  # (until the run's thread ends the process)
+    lend_main_thread(lambda: _run(job, status))  # (_run ends the process)
 
 
 def _run(job: dict[str, Any], status: Any) -> None:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .endpoints.main_thread import lend_main_thread
 from .fresh import job_of, start_endpoint
 
 __all__ = ["repeat_first_request"]
@@ -49,7 +50,10 @@ def repeat_first_request(spec: str, payload_path: str | None, options: Any) -> t
 
 
 def main(argv: list[str]) -> None:
-    job = json.loads(Path(argv[1]).read_text())
+    lend_main_thread(lambda: _first_requests(json.loads(Path(argv[1]).read_text()), Path(argv[2])))
+
+
+def _first_requests(job: dict[str, Any], out: Path) -> None:
     result: dict[str, Any] = {}
     try:
         endpoint, body = start_endpoint(job)
@@ -63,7 +67,7 @@ def main(argv: list[str]) -> None:
             result["p50_ms"] = round(statistics.median(ok), 3) if ok else None
     except BaseException as exc:  # noqa: B036 - whatever happens, the doctor hears of it
         result["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    Path(argv[2]).write_text(json.dumps(result))
+    out.write_text(json.dumps(result))
     os._exit(0)  # threads the endpoint left behind must not hold the process up
 
 

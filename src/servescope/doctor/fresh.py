@@ -56,13 +56,16 @@ def start_endpoint(job: dict[str, Any]) -> tuple[Any, bytes]:
 
     from ..loader import load_target
     from .endpoints import make_endpoint
+    from .endpoints.main_thread import call_on_main_thread
     from .options import DoctorOptions
     from .send import Send
 
     payload = orjson.loads(Path(job["payload"]).read_bytes()) if job["payload"] else None
     send = Send.of(payload, path=job["path"], files=DoctorOptions(path=job["path"], files=job["files"]).upload())
-    endpoint = make_endpoint(load_target(job["spec"]), path=job["path"], send=send, method=job["method"])
+    target = call_on_main_thread(load_target, job["spec"])  # (imported where its server would import it)
+    endpoint = make_endpoint(target, path=job["path"], send=send, method=job["method"])
     endpoint.start(job["timeout_s"])
+    endpoint.ready_load()  # (an app's requests come from a helper process, as in the doctor's run)
     return endpoint, send.body
 
 
@@ -261,9 +264,13 @@ def _answer_hash(answer: Any) -> str:
 
 
 def main(argv: list[str]) -> None:
-    job = json.loads(Path(argv[1]).read_text())
-    commands, reply = os.fdopen(int(argv[2]), "rb"), os.fdopen(int(argv[3]), "wb", buffering=0)
+    from .endpoints.main_thread import lend_main_thread
 
+    job = json.loads(Path(argv[1]).read_text())
+    lend_main_thread(lambda: _answer(job, os.fdopen(int(argv[2]), "rb"), os.fdopen(int(argv[3]), "wb", buffering=0)))
+
+
+def _answer(job: dict[str, Any], commands: Any, reply: Any) -> None:
     def say(**msg: Any) -> None:
         reply.write(json.dumps(msg).encode() + b"\n")
 
@@ -273,12 +280,9 @@ def main(argv: list[str]) -> None:
         for line in commands:  # (the parent closes the pipe when it is done: the loop ends)
             ms, seen = [], set()
             n, cap_s = line.split()
-            until = time.perf_counter() + float(cap_s) if float(cap_s) > 0 else float("inf")
             error = ""
-            for _ in range(int(n)):
-                if ms and time.perf_counter() >= until:
-                    break
-                obs = endpoint.request(body, job["timeout_s"])
+            cap = float(cap_s) if float(cap_s) > 0 else int(n) * job["timeout_s"]  # (0: no cap but their timeouts)
+            for obs in endpoint.one_by_one(body, int(n), job["timeout_s"], cap):
                 if obs.error:
                     error = obs.error[:300]
                     break

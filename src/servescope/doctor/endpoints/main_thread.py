@@ -8,11 +8,11 @@ the request ran on the main thread (gunicorn's sync worker; an ``async def`` rou
 and 83-92 ms more on a pool's thread (a ``def`` route, gunicorn ``--threads``). A doctor that served
 on threads only measured the first kind's saving at 0.74-0.80 of it.
 
-So in the doctor's child process (``child.py``) the run goes on a thread of its own and the main
-thread waits here for what the app's server hands it (``MainThread.host``):
+So in the doctor's processes that serve the app (``child.py``; the fresh ones of ``cold.py`` and
+``fresh.py``) the run goes on a thread of its own and the main thread waits here for what the
+app's server hands it:
 
-    host = MainThread.install()          # on the main thread, before the run's thread starts
-    host.host()                           # serves jobs until the process ends
+    lend_main_thread(run)                 # on the main thread: run() on a thread; returns when it does
 
     job = on_main_thread(server.run)      # from the run's thread: None where no main thread is lent
     job.ident, job.is_alive(), job.join(2)
@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MainThread", "MainJob", "call_on_main_thread", "on_main_thread"]
+__all__ = ["MainThread", "MainJob", "call_on_main_thread", "lend_main_thread", "on_main_thread"]
 
 
 class MainJob:
@@ -115,3 +115,19 @@ def call_on_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
     if job.error is not None:
         raise job.error
     return job.result
+
+
+def lend_main_thread(run: Callable[[], None]) -> None:
+    """``run()`` on a thread of its own while the main thread runs what the app's server hands
+    it; returns once ``run`` has (and the main thread's job, if any, with it), unless ``run``
+    ends the process first (``os._exit``, as the doctor's processes do)."""
+    host = MainThread.install()
+
+    def body() -> None:
+        try:
+            run()
+        finally:
+            host.close()
+
+    threading.Thread(target=body, daemon=True, name="servescope-doctor").start()
+    host.host()
