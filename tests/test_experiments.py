@@ -291,6 +291,19 @@ def test_a_fix_at_concurrency_that_two_pairs_of_blocks_would_overrun_is_not_trie
     assert lab(ep, budget_s=30.0, clock=lambda: 0.0, concurrent_rps=2.7).compare(toggle(ep), concurrency=8).tried
 
 
+def test_a_fix_at_concurrency_whose_unchanged_blocks_ran_slower_than_the_endpoint_does_is_not_claimed():
+    # the endpoint as written served 400 req/s at c=8 between the fix's blocks (8 callers, 20 ms
+    # each); in the concurrent phase without the probes it had served 600: the blocks did not
+    # run it as it runs (an `async def` forward's: 59 against 93, and a saving said where the
+    # fix cost 28 ms), so no saving is named from them
+    ep = FakeEndpoint(base_ms=20.0)
+    ep.saving_ms = 5.0
+    w = lab(ep, budget_s=15.0, clock=lambda: 0.0, concurrent_rps=600.0).compare(toggle(ep), concurrency=8)
+    assert not w.tried and "400 req/s at c=8" in w.why_not and "against 600 in the concurrent phase" in w.why_not
+    assert not ep.fixed
+    assert lab(ep, budget_s=15.0, clock=lambda: 0.0, concurrent_rps=450.0).compare(toggle(ep), concurrency=8).tried
+
+
 class Clocked(FakeEndpoint):
     """A fake endpoint whose every request moves the lab's clock (``now``) by its own time."""
 
