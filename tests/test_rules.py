@@ -203,6 +203,17 @@ def test_event_loop_blocked_needs_the_work_on_the_loop_thread():
     assert diagnose_evidence(healthy(concurrent__loop=loop, concurrent__loop_lag_max_ms=3.0)).findings == []
 
 
+def test_a_forward_on_the_loop_of_a_machine_with_no_idle_core_gets_no_estimated_saving():
+    # on worker threads the requests would share the same busy cores: an `async def` MiniLM
+    # forward's p50 at c=8 rose from 75 to 105 ms once off the loop (the doctor had said 12 to gain)
+    on_loop = dict(concurrent__forwards=forwards(count=48, on_event_loop=48, batch_sizes=[1], max_batch=1, mean_ms=12.0))
+    [room] = [f for f in diagnose_evidence(healthy(**on_loop, concurrent__machine_cores_idle=1.2)).findings if f.id == "event-loop-blocked"]
+    assert room.saving_ms > 0 and room.detail.startswith("Estimated from the time the loop's thread ran")
+    [full] = [f for f in diagnose_evidence(healthy(**on_loop, concurrent__machine_cores_idle=0.05)).findings if f.id == "event-loop-blocked"]
+    assert full.saving_ms is None and full.severity == "info"
+    assert "No saving is estimated at c=8: the machine had 0.05 of a core idle" in full.detail
+
+
 def test_gil_contention_needs_flat_scaling_one_busy_core_and_a_held_gil():
     flat = dict(concurrent__throughput_rps=45.0, concurrent__sequential_rps=60.0, concurrent__cpu_cores_busy=1.0, concurrent__gil_wait_p50_ms=5.6,
                 concurrent__p50_ms=170.0, p50_ms=16.0)  # fmt: skip
