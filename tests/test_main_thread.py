@@ -12,6 +12,7 @@ from typing import Any
 
 from servescope.doctor.endpoints.http import ASGIEndpoint, WSGIEndpoint
 from servescope.doctor.endpoints.main_thread import MainThread, call_on_main_thread, on_main_thread
+from servescope.doctor.endpoints.wsgi_server import LeaderWSGIServer
 
 
 def lent(scenario: Callable[[], Any]) -> Any:
@@ -29,8 +30,12 @@ def lent(scenario: Callable[[], Any]) -> Any:
 
     t = threading.Thread(target=run)
     t.start()
+    watchdog = threading.Timer(120.0, host.close)  # (a broken hand-off fails the test instead of hanging it)
+    watchdog.start()
     host.host()
-    t.join()
+    watchdog.cancel()
+    t.join(10.0)
+    assert not t.is_alive() and ("result" in out or "error" in out), "the scenario did not end"
     if "error" in out:
         raise out["error"]
     return out["result"]
@@ -77,7 +82,8 @@ class _SlowClose:
         time.sleep(self.close_s)
 
 
-def test_requests_one_at_a_time_all_run_on_the_main_thread_and_at_once_on_threads_of_their_own():
+def test_requests_one_at_a_time_all_run_on_the_main_thread_and_at_once_on_threads_of_their_own(monkeypatch):
+    monkeypatch.setattr(LeaderWSGIServer, "MAIN_GRACE_S", 2.0)  # (a busy machine may keep the main thread from its close a while)
     names: list[str] = []
 
     def app(environ, start_response):
@@ -94,6 +100,7 @@ def test_requests_one_at_a_time_all_run_on_the_main_thread_and_at_once_on_thread
         try:
             first = ep.one_by_one(b"{}", 10, 5.0, 30.0)
             ep.path = "/slow"
+            ep.ready_load()  # (the helper process's start is not the requests' time)
             t0 = time.perf_counter()
             obs, _ = ep.concurrent(b"{}", 4, 4, 5.0, 30.0)
             at_once = time.perf_counter() - t0
@@ -106,11 +113,12 @@ def test_requests_one_at_a_time_all_run_on_the_main_thread_and_at_once_on_thread
     first, obs, at_once, after = lent(scenario)
     assert all(o.error is None for o in [*first, *obs, *after])
     assert names[:10] == ["MainThread"] * 10, names[:10]
-    assert len(set(names[10:14])) == 4 and at_once < 1.0, (names[10:14], at_once)
+    assert len(set(names[10:14])) == 4 and at_once < 1.2, (names[10:14], at_once)
     assert names[14:] == ["MainThread"] * 5, names[14:]  # (back on the main thread once it is free)
 
 
-def test_a_request_after_one_the_main_thread_is_still_stuck_on_is_served_by_another_thread():
+def test_requests_after_one_the_main_thread_is_still_stuck_on_wait_for_it_once_then_go_to_other_threads(monkeypatch):
+    monkeypatch.setattr(LeaderWSGIServer, "MAIN_GRACE_S", 1.0)
     names: list[str] = []
     stuck = threading.Event()
 
@@ -118,7 +126,7 @@ def test_a_request_after_one_the_main_thread_is_still_stuck_on_is_served_by_anot
         names.append(threading.current_thread().name)
         if not stuck.is_set():
             stuck.set()
-            time.sleep(1.5)
+            time.sleep(4.0)
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"ok"]
 
@@ -128,14 +136,16 @@ def test_a_request_after_one_the_main_thread_is_still_stuck_on_is_served_by_anot
         try:
             timed_out = ep.request(b"", 0.3)
             t0 = time.perf_counter()
-            served = ep.request(b"", 5.0)
+            served = ep.one_by_one(b"", 3, 5.0, 30.0)
             return timed_out, served, time.perf_counter() - t0
         finally:
             ep.stop()
 
     timed_out, served, took = lent(scenario)
-    assert timed_out.error is not None and served.error is None
-    assert names == ["MainThread", "servescope-call-1"] and took < 1.0, (names, took)
+    assert timed_out.error is not None and all(o.error is None for o in served)
+    assert names[0] == "MainThread" and "MainThread" not in names[1:], names
+    # the first waited its grace (1 s) for the main thread; the two after it did not wait again
+    assert 1.0 <= took < 2.5, took
 
 
 def test_an_async_route_runs_on_the_main_threads_loop_and_a_plain_one_on_a_worker_thread():
@@ -184,4 +194,6 @@ def test_a_fresh_process_of_the_app_serves_it_on_its_main_thread_too(tmp_path):
     (tmp_path / "p.json").write_text("{}")
     first, p50, error = repeat_first_request(f"{tmp_path / 'fresh_flask.py'}:app", str(tmp_path / "p.json"), DoctorOptions(timeout_s=20.0))
     assert error is None and first and p50, (first, p50, error)
-    assert log.read_text().split() == ["MainThread"] * 6
+    names = log.read_text().split()
+    # (each waits up to 0.25 s for the main thread to finish the last: a busy machine may take longer now and then)
+    assert len(names) == 6 and names[0] == "MainThread" and names.count("MainThread") >= 4, names

@@ -186,5 +186,7 @@ def test_the_apps_requests_one_at_a_time_run_on_the_main_thread_as_under_a_sync_
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     names = log.read_text().split()
-    assert names[:6] == ["MainThread"] * 6, names  # the first request and the 5 warm ones
+    # the first request and the 5 warm ones (each waits up to 0.25 s for the main thread to let the
+    # last go: on a busy machine one may now and then go to another thread)
+    assert names[0] == "MainThread" and names[:6].count("MainThread") >= 4, names
     assert len(set(names)) > 1  # (at concurrency, threads of their own)

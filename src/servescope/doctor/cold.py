@@ -67,8 +67,10 @@ def _first_requests(job: dict[str, Any], out: Path) -> None:
             result["p50_ms"] = round(statistics.median(ok), 3) if ok else None
     except BaseException as exc:  # noqa: B036 - whatever happens, the doctor hears of it
         result["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    out.write_text(json.dumps(result))
-    os._exit(0)  # threads the endpoint left behind must not hold the process up
+    try:
+        out.write_text(json.dumps(result))
+    finally:
+        os._exit(0)  # threads the endpoint left behind (its server on the main thread) must not hold the process up
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ class StackSampler:
     and the threading machinery (``None`` when the thread is waiting: in a selector, a queue,
     a lock, a socket), with a timestamp, so samples can be attributed to time windows."""
 
-    _SKIP = ("servescope" + os.sep, os.sep + "threading.py", os.sep + "concurrent" + os.sep, os.sep + "selectors.py")
+    # (runpy: the bottom of a main thread lent to the app's server, idle in servescope's own frames)
+    _SKIP = ("servescope" + os.sep, os.sep + "threading.py", os.sep + "concurrent" + os.sep, os.sep + "selectors.py", "<frozen runpy>", os.sep + "runpy.py")
     _IDLE = ("queue.py", "socket.py", "selectors.py", "threading.py", "base_events.py", "runners.py", "ssl.py", "socketserver.py")
     #: waits that block the thread they are on (a queue, a lock, a socket read): on an event
     #: loop's own thread these stop the loop, where its selector's wait does not

@@ -25,7 +25,9 @@ server asks in vain (``None``: it runs on a thread of its own, as before).
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +37,8 @@ __all__ = ["MainThread", "MainJob", "call_on_main_thread", "lend_main_thread", "
 class MainJob:
     """A function running on the main thread; waited for like a thread."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[[], Any], report: bool = True) -> None:
+        self.fn, self.report = fn, report  # (report: its error to stderr, where no caller reads it)
         self.ident = threading.main_thread().ident
         self._done = threading.Event()
         self.result: Any = None
@@ -53,8 +55,8 @@ class MainJob:
             self.result = self.fn()
         except BaseException as exc:  # noqa: B036 - the server's failure is its own (and its starter sees it ended)
             self.error = exc
-        finally:
-            self._done.set()
+            if self.report and not isinstance(exc, SystemExit):
+                traceback.print_exception(exc, file=sys.stderr)
 
 
 class MainThread:
@@ -75,12 +77,17 @@ class MainThread:
         """Run what is handed over, one at a time, until the process ends (``os._exit``) or
         ``close``."""
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get()
+            except BaseException:  # noqa: B036 - a signal's handler raising here must not end the run mid-way
+                traceback.print_exc()
+                continue
             if job is None:
                 return
             job._run()
-            with self._lock:
+            with self._lock:  # (free before it is seen done: its caller may hand over the next at once)
                 self._busy = False
+            job._done.set()
 
     def close(self) -> None:
         """``host`` returns once its job does; nothing more is lent."""
@@ -88,27 +95,27 @@ class MainThread:
             MainThread._lent = None
         self._jobs.put(None)
 
-    def take(self, fn: Callable[[], Any]) -> MainJob | None:
+    def take(self, fn: Callable[[], Any], report: bool = True) -> MainJob | None:
         with self._lock:
             if self._busy:
                 return None
             self._busy = True
-        job = MainJob(fn)
+        job = MainJob(fn, report)
         self._jobs.put(job)
         return job
 
 
-def on_main_thread(fn: Callable[[], Any]) -> MainJob | None:
+def on_main_thread(fn: Callable[[], Any], report: bool = True) -> MainJob | None:
     """``fn`` on the process's main thread where it is lent and free; else None."""
     lent = MainThread._lent
     if lent is None or threading.current_thread() is threading.main_thread():
         return None
-    return lent.take(fn)
+    return lent.take(fn, report)
 
 
 def call_on_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, on the main thread where it is lent and free (as a server imports its app), waited for."""
-    job = on_main_thread(lambda: fn(*args))
+    job = on_main_thread(lambda: fn(*args), report=False)
     if job is None:
         return fn(*args)
     job.join()

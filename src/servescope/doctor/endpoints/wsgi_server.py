@@ -56,7 +56,7 @@ class LeaderWSGIServer(WSGIServer):
     #: while requests come one at a time, a connection that comes while the main thread is still
     #: finishing the last (its client has the answer; the server has not let go of it) waits up to
     #: this long for the main thread, as under a sync worker, then is taken by the thread that leads
-    MAIN_GRACE_S = 0.1
+    MAIN_GRACE_S = 0.25
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,6 +68,7 @@ class LeaderWSGIServer(WSGIServer):
         self._closed = False
         self.one_at_a_time = True  # (the doctor says when it sends at concurrency)
         self._main_serving = False
+        self._main_overdue = False  # (a grace ran out while it was still busy: no more waiting for it until it is free)
 
     def start(self) -> None:
         with self._lock:
@@ -82,6 +83,15 @@ class LeaderWSGIServer(WSGIServer):
         try:
             self._serve(me)
         finally:
+            with self._lock:  # (a thread that ended on an error hands on the lead: the socket is never left unwatched)
+                if me.on_main:
+                    self._main_serving, self._main_overdue = False, False
+                if me in self._idle:
+                    self._idle.remove(me)
+                if self._leader is me and not self._closed:
+                    self._leader = self._idle.pop() if self._idle else (self._spawn() if len(self._workers) < self.MAX_THREADS else None)
+                    if self._leader is not None:
+                        self._leader.woken.set()
             me.wake_r.close()
             me.wake_w.close()
 
@@ -103,7 +113,7 @@ class LeaderWSGIServer(WSGIServer):
             contextvars.Context().run(self._one, *got)
             with self._lock:  # done: it came free last, so it waits on the socket again (the main thread first)
                 if me.on_main:
-                    self._main_serving = False
+                    self._main_serving, self._main_overdue = False, False
                 if self._closed:
                     return
                 before, first = self._leader, self._workers[0]
@@ -142,6 +152,9 @@ class LeaderWSGIServer(WSGIServer):
             if self._main_busy(me):
                 seen = seen or time.monotonic()
             wait = seen + self.MAIN_GRACE_S - time.monotonic() if seen else 0.0
+            if seen and wait <= 0:
+                with self._lock:
+                    self._main_overdue = True
             if wait > 0:
                 poller.unregister(listening)  # (only a wake-up now: the main thread comes free, or the grace ends)
                 poller.poll(wait * 1000)
@@ -167,7 +180,7 @@ class LeaderWSGIServer(WSGIServer):
     def _main_busy(self, me: _Worker) -> bool:
         """Requests come one at a time and the main thread, not this one, is still on the last."""
         with self._lock:
-            return self.one_at_a_time and not me.on_main and self._main_serving
+            return self.one_at_a_time and not me.on_main and self._main_serving and not self._main_overdue
 
     def _one(self, request: Any, client_address: Any) -> None:
         try:

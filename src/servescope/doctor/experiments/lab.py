@@ -312,6 +312,12 @@ class Lab:
                 # the framework encodes on the loop): more pairs would time the endpoint twice
                 # as written (a gallery run spent 30 s on three such pairs)
                 raise Abandon("the fix never took effect: " + (fix.no_effect or "no call it changes was made"))
+        if a_rps and self.concurrent_rps and (base_rps := round(statistics.median(a_rps), 2)) < UNCHANGED_RPS_SHARE * self.concurrent_rps:
+            raise Abandon(
+                f"the endpoint as written served {base_rps:g} req/s at c={c} between the fix's blocks, against "
+                f"{self.concurrent_rps:g} in the concurrent phase: its blocks did not run it as it runs, so their "
+                "difference is not a saving to bank"
+            )
         diffs = [a - b for a, b in zip(a_meds, b_meds)]
         est, low, high, coverage = paired_saving(diffs)
         out.pair_diffs_ms = [round(d, 3) for d in diffs]
@@ -322,12 +328,6 @@ class Lab:
         out.coverage = round(coverage, 3)
         if a_rps and b_rps:
             out.base_rps, out.fixed_rps = round(statistics.median(a_rps), 2), round(statistics.median(b_rps), 2)
-            if self.concurrent_rps and out.base_rps < UNCHANGED_RPS_SHARE * self.concurrent_rps:
-                raise Abandon(
-                    f"the endpoint as written served {out.base_rps:g} req/s at c={c} between the fix's blocks, against "
-                    f"{self.concurrent_rps:g} in the concurrent phase: its blocks did not run it as it runs, so their "
-                    "difference is not a saving to bank"
-                )
         out.answers = answers.verdict()
         if fix.hits is not None:
             out.hits = fix.hits()
