@@ -74,6 +74,12 @@ class LeaderWSGIServer(WSGIServer):
         with self._lock:
             self._leader = self._spawn()
 
+    def _hand_lead(self) -> None:  # (under the lock)
+        """The next idle thread waits on the socket (a new one if none, up to ``MAX_THREADS``)."""
+        self._leader = self._idle.pop() if self._idle else (self._spawn() if len(self._workers) < self.MAX_THREADS else None)
+        if self._leader is not None:
+            self._leader.woken.set()
+
     def _spawn(self) -> _Worker:  # (under the lock)
         w = _Worker(self, len(self._workers))
         self._workers.append(w)
@@ -89,9 +95,7 @@ class LeaderWSGIServer(WSGIServer):
                 if me in self._idle:
                     self._idle.remove(me)
                 if self._leader is me and not self._closed:
-                    self._leader = self._idle.pop() if self._idle else (self._spawn() if len(self._workers) < self.MAX_THREADS else None)
-                    if self._leader is not None:
-                        self._leader.woken.set()
+                    self._hand_lead()
             me.wake_r.close()
             me.wake_w.close()
 
@@ -172,9 +176,7 @@ class LeaderWSGIServer(WSGIServer):
                 if me.on_main:
                     self._main_serving = True
                 if self._leader is me:
-                    self._leader = self._idle.pop() if self._idle else (self._spawn() if len(self._workers) < self.MAX_THREADS else None)
-                    if self._leader is not None:
-                        self._leader.woken.set()
+                    self._hand_lead()
             return request, address
 
     def _main_busy(self, me: _Worker) -> bool:

@@ -312,7 +312,8 @@ class Lab:
                 # the framework encodes on the loop): more pairs would time the endpoint twice
                 # as written (a gallery run spent 30 s on three such pairs)
                 raise Abandon("the fix never took effect: " + (fix.no_effect or "no call it changes was made"))
-        if a_rps and self.concurrent_rps and (base_rps := round(statistics.median(a_rps), 2)) < UNCHANGED_RPS_SHARE * self.concurrent_rps:
+        base_rps = round(statistics.median(a_rps), 2) if a_rps else None
+        if base_rps is not None and self.concurrent_rps and base_rps < UNCHANGED_RPS_SHARE * self.concurrent_rps:
             raise Abandon(
                 f"the endpoint as written served {base_rps:g} req/s at c={c} between the fix's blocks, against "
                 f"{self.concurrent_rps:g} in the concurrent phase: its blocks did not run it as it runs, so their "
@@ -326,8 +327,8 @@ class Lab:
         out.base_p50_ms, out.fixed_p50_ms = round(statistics.median(a_all), 3), round(statistics.median(b_all), 3)
         out.saving_ms, out.low_ms, out.high_ms = round(est, 3), round(low, 3), round(high, 3)
         out.coverage = round(coverage, 3)
-        if a_rps and b_rps:
-            out.base_rps, out.fixed_rps = round(statistics.median(a_rps), 2), round(statistics.median(b_rps), 2)
+        if base_rps is not None and b_rps:
+            out.base_rps, out.fixed_rps = base_rps, round(statistics.median(b_rps), 2)
         out.answers = answers.verdict()
         if fix.hits is not None:
             out.hits = fix.hits()
