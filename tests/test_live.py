@@ -230,7 +230,7 @@ def test_the_cpu_a_process_used_is_read_from_its_threads():
 
 def test_more_busy_threads_than_cpus_that_wait_for_one_are_named_from_outside():
     from servescope.doctor.evidence import Concurrent, Machine
-    from servescope.rules.concurrency import thread_oversubscription
+    from servescope.rules.threads import thread_oversubscription
 
     def ev(busy, waiting, cores=1.9):
         conc = Concurrent(concurrency=4, threads_busy=busy, cpu_wait_cores=waiting, processes=2, cpu_cores_busy=cores)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes, concurrency, generation, items, openmp
+from . import causes, concurrency, generation, items, openmp, threads
 from .savings import _served_p50, p50_at_loads, severity  # noqa: F401 - (importable from here as before)
 
 Rule = Callable[[Evidence], list[Finding]]
@@ -37,7 +37,7 @@ RULES: dict[str, Rule] = {
     "slow-stages": causes.slow_stages,
     "event-loop-blocked": concurrency.event_loop_blocked,
     "gil-contention": concurrency.gil_contention,
-    "thread-oversubscription": concurrency.thread_oversubscription,
+    "thread-oversubscription": threads.thread_oversubscription,
     "openmp-spin-wait": openmp.openmp_spin_wait,
 }
 
