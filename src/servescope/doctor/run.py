@@ -149,7 +149,7 @@ class _Run:
             self.tick("cold request", 0.0)
             self.exceptions.__enter__()  # (after start: uvicorn configures its loggers there)
             self.cold = self.endpoint.request(self.body, o.timeout_s)
-            with self.sampler:
+            with self._observed():
                 reading = CpuReading()
                 with self.sampler.precise_lines():
                     self.warm = self._warm_phase(max(self._left() * 0.5, 1.0))
@@ -283,6 +283,27 @@ class _Run:
         self.missing.update(missing)
 
     @contextmanager
+    def _observed(self) -> Iterator[None]:
+        """The sampler's sweeps and the loop watch's ticks (endpoints/function.py LoopWatch),
+        only while the doctor observes: each takes the GIL every few ms from the endpoint's
+        own threads, which the phases that time it as it runs must not pay."""
+        self.endpoint.loop_watch.watching(True)
+        try:
+            with self.sampler:
+                yield
+        finally:
+            self.endpoint.loop_watch.watching(False)
+
+    @contextmanager
+    def _unobserved(self) -> Iterator[None]:
+        self.endpoint.loop_watch.watching(False)
+        try:
+            with self.sampler.paused():
+                yield
+        finally:
+            self.endpoint.loop_watch.watching(True)
+
+    @contextmanager
     def _ticking(self, phase: str) -> Iterator[None]:
         """The parent hears from the run every second while a phase lasts."""
         self.tick(phase, 0.0)
@@ -373,7 +394,7 @@ class _Run:
         if self.probes_at_fault is None and any(w.error is None for w in self.warm):
             self.probes.remove()  # (the experiments time the endpoint without the probes' hooks ...)
             try:
-                with self.sampler.paused():  # (... and without the sampler's sweeps)
+                with self._unobserved():  # (... and without the sampler's sweeps or the loop watch's ticks)
                     self._served_alone()
                     self._experiments(PER_REQUEST)
             finally:

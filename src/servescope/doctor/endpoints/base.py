@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...timing import Trace
+
+if TYPE_CHECKING:
+    from .function import LoopWatch
 
 __all__ = ["UNFINISHED", "Observation", "Endpoint", "untraced_load"]
 
@@ -39,6 +42,8 @@ class Endpoint(Protocol):
     kind: str
     #: how late the event loop woke a sleeping task (ms), for endpoints with a loop
     lag_ms: list[float]
+    #: what measures ``lag_ms``, ticking only while the doctor observes (``watching``)
+    loop_watch: LoopWatch
 
     @property
     def loop_thread_id(self) -> int | None:

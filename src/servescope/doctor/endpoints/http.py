@@ -23,7 +23,7 @@ from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .client import Sent, send_in_turn
-from .function import lag_monitor
+from .function import LoopWatch
 from .main_thread import MainJob, on_main_thread
 from .outside import OutsideLoad, Row, closed_loop_block, rows_of
 from .wsgi_server import LeaderWSGIServer
@@ -84,7 +84,8 @@ class _HTTPEndpoint:
         self.collector = _Collector()
         self.host = "127.0.0.1"
         self.port = 0
-        self.lag_ms: list[float] = []
+        self.loop_watch = LoopWatch()  # (an ASGI app's loop; a WSGI app has none to watch)
+        self.lag_ms = self.loop_watch.lag_ms
         self._next_id = 0
         self._outside: OutsideLoad | None = None
         self.load_from = ""  # where the last concurrent phase's load came from (said in the evidence)
@@ -207,15 +208,15 @@ class _HTTPEndpoint:
 class _EvidenceASGI:
     """Sets a fresh evidence record for each request; starts the loop-lag monitor once."""
 
-    def __init__(self, app: Any, lag_ms: list[float]) -> None:
+    def __init__(self, app: Any, watch: LoopWatch) -> None:
         self.app = app
-        self.lag_ms = lag_ms
+        self.watch = watch
         self._monitor: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             if self._monitor is None:
-                self._monitor = asyncio.ensure_future(lag_monitor(self.lag_ms))
+                self._monitor = asyncio.ensure_future(self.watch.run())
             ev = new_evidence()
             sent = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k == _REQUEST_ID_BYTES), None)
             ev["request_id"] = rid = _request_id(sent)
@@ -243,7 +244,7 @@ class ASGIEndpoint(_HTTPEndpoint):
         super().__init__(path)
         self.user_app = app
         inner = ServescopeMiddleware(app, exporters=[self.collector], server_timing=True, metrics_path=None)
-        self.app = _EvidenceASGI(inner, self.lag_ms)
+        self.app = _EvidenceASGI(inner, self.loop_watch)
         self._server: Any = None
         self._thread: threading.Thread | MainJob | None = None
 
