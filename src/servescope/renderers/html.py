@@ -45,6 +45,10 @@ def _headline(rep: Report) -> str:
         f"<p class=big>Baseline p50 latency: <b>{_f(lat.get('p50_ms'))} ms</b> · p95: <b>{_f(lat.get('p95_ms'))} ms</b>"
         f" · p99: {_f(lat.get('p99_ms'))} ms · max: {_f(lat.get('max_ms'))} ms ({lat.get('count')} requests)</p>"
     ]
+    from .doctor import unprobed_p50
+
+    if unprobed := unprobed_p50(rep):
+        parts.append(f"<p>{html.escape(unprobed)}</p>")
     load = rep.load or Load()
     if load.throughput_rps is not None:
         good = f" · goodput: <b>{load.slo.goodput_rps:.1f} requests/s</b> ({html.escape(load.slo.slo)})" if load.slo and load.slo.goodput_rps is not None else ""

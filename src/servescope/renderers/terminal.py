@@ -143,6 +143,10 @@ def _headline(report: Report) -> list[Text]:
         t.append(f"{_ms(lat['p95_ms'])} ms", style="bold yellow")
         t.append(f" · p99: {_ms(lat['p99_ms'])} ms · max: {_ms(lat['max_ms'])} ms   ({lat['count']} requests)")
         lines.append(t)
+        from .doctor import unprobed_p50
+
+        if unprobed := unprobed_p50(report):
+            lines.append(Text(unprobed, style="yellow"))
     load = report.load or Load()
     diagnosis = report.diagnosis or Diagnosis()
     if load.throughput_rps is not None:
