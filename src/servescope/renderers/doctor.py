@@ -30,7 +30,7 @@ def unprobed_p50(report: Report) -> str:
     """What a server shows at one client beside the doctor's baseline, where they differ: the
     baseline's requests ran under the probes and the sampler (they time the stages), and those
     slow some endpoints by a fifth or more (a `joblib.load` per request under FastAPI: 522 ms
-    probed, 428-444 under uvicorn, 448 in the doctor's unprobed blocks)."""
+    probed, 428-444 under uvicorn, 448-457 in the doctor's requests without the probes)."""
     ev = (report.diagnosis.evidence if isinstance(report.diagnosis, Diagnosis) else None) or {}
     alone, probed = (ev.get("concurrent") or {}).get("served_alone_p50_ms"), report.latency.get("p50_ms")
     if not alone or not probed or probed < PROBED_SLOWER * alone:
