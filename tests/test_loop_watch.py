@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 
-from servescope.doctor.endpoints.function import LoopWatch
+from servescope.doctor.endpoints.loop_watch import LoopWatch
 
 
 class _Loop:
@@ -39,28 +39,37 @@ class _Loop:
         self.loop.close()
 
 
+def _until(done, timeout_s: float = 10.0) -> None:
+    """Wait for ``done()``, generously: a busy machine may schedule the loop's thread late."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.01)
+
+
 def test_a_paused_watch_wakes_nothing_and_a_watching_one_sees_the_loop_blocked():
     watch = LoopWatch(interval=0.005)
     loop = _Loop()
     try:
         loop.start(watch)
-        time.sleep(0.2)
+        _until(lambda: watch._loop is not None)
+        loop.settle()
+        time.sleep(0.2)  # (ticking, it would wake about 40 times meanwhile)
         assert watch.ticks == 0 and watch.lag_ms == []  # starts paused: not one tick
         watch.watching(True)
-        time.sleep(0.1)
+        _until(lambda: watch.ticks >= 2)
         loop.block(0.08)
-        loop.settle()
-        assert watch.ticks >= 5 and max(watch.lag_ms) >= 40  # (5-ms ticks, 80 ms blocked: generous bounds)
+        _until(lambda: bool(watch.lag_ms) and max(watch.lag_ms) >= 40)  # the 80 ms the loop was held
         watch.watching(False)
         loop.settle()
         before, seen = watch.ticks, len(watch.lag_ms)
         time.sleep(0.2)
         loop.block(0.08)
-        assert watch.ticks == before and len(watch.lag_ms) == seen  # paused again: it wakes nothing, and records nothing
-        watch.watching(True)
         loop.settle()
-        time.sleep(0.05)
-        assert watch.ticks > before  # and it resumes
+        # paused again: it wakes nothing (but for a sleep already under way) and records nothing
+        assert watch.ticks <= before + 1 and len(watch.lag_ms) == seen
+        watch.watching(True)
+        _until(lambda: watch.ticks > before + 2)  # and it resumes
     finally:
         loop.close()
 
@@ -71,9 +80,39 @@ def test_the_state_set_before_the_loop_runs_it_is_the_one_it_starts_in():
     loop = _Loop()
     try:
         loop.start(watch)
-        time.sleep(0.05)
+        _until(lambda: watch.ticks >= 1)
         loop.block(0.06)
-        loop.settle()
-        assert watch.lag_ms and max(watch.lag_ms) >= 30
+        _until(lambda: bool(watch.lag_ms) and max(watch.lag_ms) >= 30)
     finally:
         loop.close()
+
+
+def test_the_doctor_watches_the_loop_only_while_it_observes(tmp_path, monkeypatch):
+    """On in the sequential and concurrent phases (beside the sampler: they time the stages and
+    the loop's stalls); off wherever the endpoint is timed as it runs: the fixes' blocks and the
+    requests without the probes."""
+    import joblib
+
+    from servescope.doctor import DoctorOptions, diagnose
+    from servescope.doctor.endpoints import loop_watch
+
+    path = tmp_path / "model.joblib"
+    joblib.dump({"weights": list(range(2000))}, path)
+    watches: list[LoopWatch] = []
+    made = loop_watch.LoopWatch.__init__
+    monkeypatch.setattr(loop_watch.LoopWatch, "__init__", lambda self, *a, **k: (made(self, *a, **k), watches.append(self))[0])
+    phase, seen = ["start"], []
+
+    async def predict(payload):  # (on the loop: what it sees of the watch is what the watch does)
+        model = joblib.load(path)  # a load per request: its fix is tried at one client
+        seen.append((phase[0], watches[0].on))
+        return {"n": len(model["weights"])}
+
+    options = DoctorOptions(requests=6, concurrency=2, concurrent_requests=6, timeout_s=5.0, experiment_seconds=4.0)
+    rep = diagnose(predict, payload={}, options=options, progress=lambda p, _: phase.__setitem__(0, p))
+    assert rep.diagnosis.evidence["experiments"]["memoise-loaders"]["tried"]
+    observed = {"sequential requests", "concurrent requests"}
+    assert all(on for p, on in seen if p in observed) and {p for p, _ in seen} >= observed
+    timed = [(p, on) for p, on in seen if p not in observed | {"cold request"}]
+    assert {p for p, _ in timed} >= {"requests without the probes"} and len(timed) >= 10  # (the fixes' blocks among them)
+    assert not any(on for _, on in timed), sorted({p for p, on in timed if on})

@@ -304,15 +304,19 @@ def test_a_busy_machine_with_spinning_openmp_threads_says_the_milliseconds_may_b
 def test_a_baseline_slowed_by_the_probes_is_said_beside_what_a_server_shows():
     from servescope.sections import Diagnosis
 
-    def headline(alone: float | None) -> str:
+    def headline(alone: float | None, busy: bool = False, tried: bool = True) -> str:
         rec = Recorder()
         for ms in [520.0, 522.0, 524.0]:
             rec.record_durations({"infer": ms}, ms)
         rep = rec.report(title="servescope doctor app.py:app")
-        rep.diagnosis = Diagnosis(evidence={"concurrent": {"served_alone_p50_ms": alone}})
-        return render_terminal(rep, console=None) + render_html(rep).replace("&#x27;", "'")
+        rep.diagnosis = Diagnosis(evidence={"concurrent": {"served_alone_p50_ms": alone}, "machine": {"busy": busy},
+                                            "experiments": {"memoise-loaders": {"tried": tried}}})  # fmt: skip
+        return render_terminal(rep, console=None, width=400) + render_html(rep).replace("&#x27;", "'")
 
     slowed = headline(448.0)  # (a joblib.load per request: 522 ms probed, 448 without the probes)
-    assert slowed.count("Without the doctor's probes: p50 448 ms") == 2 and "slowed this endpoint by 17%" in slowed
-    assert "Without the doctor's probes" not in headline(500.0)  # within a tenth: nothing to say
-    assert "Without the doctor's probes" not in headline(None)  # not measured (a failed run, a function's report)
+    assert slowed.count("Without the doctor's instruments (probes, sampler, loop watch): p50 448 ms") == 2
+    assert "under them 522 ms, 17% slower" in slowed and "the fixes were tried without them" in slowed
+    assert "the fixes were tried" not in headline(448.0, tried=False)  # none was: not said
+    assert "Without the doctor's instruments" not in headline(500.0)  # within a tenth: nothing to say
+    assert "Without the doctor's instruments" not in headline(448.0, busy=True)  # a busy machine's 5 requests: noise
+    assert "Without the doctor's instruments" not in headline(None)  # not measured (a run that failed)

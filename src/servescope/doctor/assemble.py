@@ -46,7 +46,7 @@ def evidence_of(run: Any) -> Evidence:
     # from the median: one slow request (a collection, a late warm-up) must not halve it
     seq_rps = 1000 / statistics.median(w.latency_ms for w in ok_warm) if ok_warm else None
 
-    lag = list(run.endpoint.lag_ms)
+    lag = list(run.endpoint.loop_watch.lag_ms)
     torch = run.probes.torch
     concurrent = Concurrent(
         concurrency=o.concurrency,

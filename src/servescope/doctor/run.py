@@ -81,6 +81,7 @@ class _Run:
         self.body = send.body
         self.probes = Probes()
         self.sampler = StackSampler()
+        self.loop_watched = False  # (whether the loop watch ticks: ``_observed``)
         #: the endpoint's exceptions as its server logs them (a 500's reason)
         self.exceptions = ExceptionLog()
         self.started = time.perf_counter()
@@ -284,24 +285,27 @@ class _Run:
 
     @contextmanager
     def _observed(self) -> Iterator[None]:
-        """The sampler's sweeps and the loop watch's ticks (endpoints/function.py LoopWatch),
-        only while the doctor observes: each takes the GIL every few ms from the endpoint's
-        own threads, which the phases that time it as it runs must not pay."""
-        self.endpoint.loop_watch.watching(True)
-        try:
-            with self.sampler:
-                yield
-        finally:
-            self.endpoint.loop_watch.watching(False)
+        """The sampler's sweeps and the loop watch's ticks (endpoints/loop_watch.py), only while
+        the doctor observes: each takes the GIL every few ms from the endpoint's own threads,
+        which the phases that time it as it runs must not pay."""
+        with self._watching(True), self.sampler:
+            yield
 
     @contextmanager
     def _unobserved(self) -> Iterator[None]:
-        self.endpoint.loop_watch.watching(False)
+        with self._watching(False), self.sampler.paused():
+            yield
+
+    @contextmanager
+    def _watching(self, on: bool) -> Iterator[None]:
+        """The loop watch on or off for a while, then as it was."""
+        before, self.loop_watched = self.loop_watched, on
+        self.endpoint.loop_watch.watching(on)
         try:
-            with self.sampler.paused():
-                yield
+            yield
         finally:
-            self.endpoint.loop_watch.watching(True)
+            self.loop_watched = before
+            self.endpoint.loop_watch.watching(before)
 
     @contextmanager
     def _ticking(self, phase: str) -> Iterator[None]:

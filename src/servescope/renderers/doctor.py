@@ -27,16 +27,18 @@ PROBED_SLOWER = 1.1
 
 
 def unprobed_p50(report: Report) -> str:
-    """What a server shows at one client beside the doctor's baseline, where they differ: the
-    baseline's requests ran under the probes and the sampler (they time the stages), and those
-    slow some endpoints by a fifth or more (a `joblib.load` per request under FastAPI: 522 ms
-    probed, 428-444 under uvicorn, 448-457 in the doctor's requests without the probes)."""
+    """What a server shows at one client beside the doctor's baseline, where they differ by
+    more than a tenth on a machine that was not busy: the baseline's requests ran under the
+    doctor's instruments (the probes, the sampler, the loop watch: they time the stages), and
+    those slow some endpoints by a fifth (a `joblib.load` per request under FastAPI: 522 ms
+    instrumented, 428-444 under uvicorn, 448-457 in the doctor's requests without them)."""
     ev = (report.diagnosis.evidence if isinstance(report.diagnosis, Diagnosis) else None) or {}
     alone, probed = (ev.get("concurrent") or {}).get("served_alone_p50_ms"), report.latency.get("p50_ms")
-    if not alone or not probed or probed < PROBED_SLOWER * alone:
+    if not alone or not probed or probed < PROBED_SLOWER * alone or (ev.get("machine") or {}).get("busy"):
         return ""
-    return (f"Without the doctor's probes: p50 {_ms(alone)} ms, one request at a time. The probes and the sampler slowed "
-            f"this endpoint by {probed / alone - 1:.0%}: the stages are timed under them, the fixes were tried without them.")
+    tried = " the fixes were tried without them." if any((w or {}).get("tried") for w in (ev.get("experiments") or {}).values()) else ""
+    return (f"Without the doctor's instruments (probes, sampler, loop watch): p50 {_ms(alone)} ms, a few requests one at a "
+            f"time; under them {_ms(probed)} ms, {probed / alone - 1:.0%} slower. The stages are timed under them" + (";" + tried if tried else "."))
 
 
 def saving_text(f: Finding) -> str:

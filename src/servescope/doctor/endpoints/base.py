@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ...timing import Trace
 
 if TYPE_CHECKING:
-    from .function import LoopWatch
+    from .loop_watch import LoopWatch
 
 __all__ = ["UNFINISHED", "Observation", "Endpoint", "untraced_load"]
 
@@ -40,9 +40,8 @@ class Endpoint(Protocol):
     """An endpoint the doctor can drive: a function, an ASGI app or a WSGI app."""
 
     kind: str
-    #: how late the event loop woke a sleeping task (ms), for endpoints with a loop
-    lag_ms: list[float]
-    #: what measures ``lag_ms``, ticking only while the doctor observes (``watching``)
+    #: how late the event loop woke a sleeping task (``loop_watch.lag_ms``, ms), for endpoints
+    #: with a loop: recorded only while the doctor observes (``watching``)
     loop_watch: LoopWatch
 
     @property

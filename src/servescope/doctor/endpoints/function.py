@@ -8,7 +8,6 @@ daemon thread, as a server would run them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import queue
@@ -23,10 +22,11 @@ import orjson
 from ...timing import Trace
 from ..context import end_evidence
 from ..probes import new_evidence, set_evidence
+from .loop_watch import LoopWatch
 from .base import Observation
 from .client import in_turn
 
-__all__ = ["FunctionEndpoint", "LoopWatch", "describe_failure"]
+__all__ = ["FunctionEndpoint", "describe_failure"]
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -117,7 +117,6 @@ class FunctionEndpoint:
         #: shared loop (the off-the-loop experiment: what a plain ``def`` handler would do)
         self.off_loop = False
         self.loop_watch = LoopWatch()
-        self.lag_ms = self.loop_watch.lag_ms
         self.load_from = "this process: a function's callers are its threads"
 
     @property
@@ -264,47 +263,3 @@ async def _drain_async(answer: Any, first: list[int]) -> Any:
             items.append(item)
         return items
     return _drain(out, first)
-
-
-class LoopWatch:
-    """How late an event loop wakes a task that sleeps ``interval``: the time the loop was
-    blocked (``lag_ms``). Only while the doctor observes (``watching``): each tick takes the
-    GIL from whatever thread holds it, and a `def` route's pure-Python work on a worker thread
-    (joblib's unpickler) ran 5.5 ms slower a 22-ms request beside a 5-ms tick, paired under
-    uvicorn (docs/benchmarks.md, session 27); the phases that time the endpoint as it runs
-    (without the probes and the sampler) are without it too. Paused, it awaits its resumption
-    and wakes nothing. Its state changes on the loop's own thread, so no tick races a pause."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.interval = interval
-        self.lag_ms: list[float] = []
-        self.ticks = 0  # (its wake-ups: none while paused)
-        self.on = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._resumed: asyncio.Event | None = None
-
-    async def run(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        while True:
-            if not self.on:
-                self._resumed = asyncio.Event()
-                await self._resumed.wait()
-            t0 = time.perf_counter()
-            await asyncio.sleep(self.interval)
-            self.ticks += 1
-            if self.on:
-                self.lag_ms.append(max(0.0, (time.perf_counter() - t0 - self.interval) * 1000))
-
-    def watching(self, on: bool) -> None:
-        """Tick (``on``) or stop ticking, from any thread."""
-        if self._loop is None:
-            self.on = on  # (not started yet: it starts in this state)
-        loop = self._loop  # (read again: it may have started meanwhile)
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # (a loop closed since: nothing ticks)
-                loop.call_soon_threadsafe(self._set, on)
-
-    def _set(self, on: bool) -> None:
-        self.on = on
-        if on and self._resumed is not None:
-            self._resumed.set()

@@ -23,7 +23,7 @@ from ..context import end_evidence
 from ..probes import current_evidence, new_evidence, set_evidence, reset_evidence
 from .base import Observation
 from .client import Sent, send_in_turn
-from .function import LoopWatch
+from .loop_watch import LoopWatch
 from .main_thread import MainJob, on_main_thread
 from .outside import OutsideLoad, Row, closed_loop_block, rows_of
 from .wsgi_server import LeaderWSGIServer
@@ -85,7 +85,6 @@ class _HTTPEndpoint:
         self.host = "127.0.0.1"
         self.port = 0
         self.loop_watch = LoopWatch()  # (an ASGI app's loop; a WSGI app has none to watch)
-        self.lag_ms = self.loop_watch.lag_ms
         self._next_id = 0
         self._outside: OutsideLoad | None = None
         self.load_from = ""  # where the last concurrent phase's load came from (said in the evidence)
@@ -206,7 +205,7 @@ class _HTTPEndpoint:
 
 
 class _EvidenceASGI:
-    """Sets a fresh evidence record for each request; starts the loop-lag monitor once."""
+    """Sets a fresh evidence record for each request; starts the loop watch once."""
 
     def __init__(self, app: Any, watch: LoopWatch) -> None:
         self.app = app
