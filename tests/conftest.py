@@ -80,6 +80,22 @@ def gpu() -> FakeGPU:
     return FakeGPU()
 
 
+def _wait_until(condition: Callable[[], Any], timeout_s: float = 10.0) -> None:
+    """Wait for ``condition()``, failing after ``timeout_s``: generous, as a busy machine may
+    schedule the thread that makes it true late; never a fixed sleep."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., None]:
+    return _wait_until
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -503,7 +503,7 @@ def test_keys_follow_content_not_identity(tmp_path):
     assert key_of(io.BytesIO(b"abc")) == key_of(io.BytesIO(b"abc")) != key_of(io.BytesIO(b"abd"))
 
 
-def test_the_batcher_serves_concurrent_callers_from_one_call_and_hands_each_its_rows():
+def test_the_batcher_serves_concurrent_callers_from_one_call_and_hands_each_its_rows(wait_until):
     calls = []
     gate = threading.Event()
 
@@ -532,16 +532,7 @@ def test_the_batcher_serves_concurrent_callers_from_one_call_and_hands_each_its_
     assert all(np.array_equal(results[i], np.full((1, 3), 2.0 * i)) for i in range(5)) and b.merged >= 1
 
 
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.001)
-
-
-def test_more_callers_than_a_batch_each_get_their_own_rows():
+def test_more_callers_than_a_batch_each_get_their_own_rows(wait_until):
     gate = threading.Event()
 
     def model(x):

@@ -39,27 +39,19 @@ class _Loop:
         self.loop.close()
 
 
-def _until(done, timeout_s: float = 10.0) -> None:
-    """Wait for ``done()``, generously: a busy machine may schedule the loop's thread late."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "not within the bound"
-        time.sleep(0.01)
-
-
-def test_a_paused_watch_wakes_nothing_and_a_watching_one_sees_the_loop_blocked():
+def test_a_paused_watch_wakes_nothing_and_a_watching_one_sees_the_loop_blocked(wait_until):
     watch = LoopWatch(interval=0.005)
     loop = _Loop()
     try:
         loop.start(watch)
-        _until(lambda: watch._loop is not None)
+        wait_until(lambda: watch._loop is not None)
         loop.settle()
         time.sleep(0.2)  # (ticking, it would wake about 40 times meanwhile)
         assert watch.ticks == 0 and watch.lag_ms == []  # starts paused: not one tick
         watch.watching(True)
-        _until(lambda: watch.ticks >= 2)
+        wait_until(lambda: watch.ticks >= 2)
         loop.block(0.08)
-        _until(lambda: bool(watch.lag_ms) and max(watch.lag_ms) >= 40)  # the 80 ms the loop was held
+        wait_until(lambda: bool(watch.lag_ms) and max(watch.lag_ms) >= 40)  # the 80 ms the loop was held
         watch.watching(False)
         loop.settle()
         before, seen = watch.ticks, len(watch.lag_ms)
@@ -69,20 +61,20 @@ def test_a_paused_watch_wakes_nothing_and_a_watching_one_sees_the_loop_blocked()
         # paused again: it wakes nothing (but for a sleep already under way) and records nothing
         assert watch.ticks <= before + 1 and len(watch.lag_ms) == seen
         watch.watching(True)
-        _until(lambda: watch.ticks > before + 2)  # and it resumes
+        wait_until(lambda: watch.ticks > before + 2)  # and it resumes
     finally:
         loop.close()
 
 
-def test_the_state_set_before_the_loop_runs_it_is_the_one_it_starts_in():
+def test_the_state_set_before_the_loop_runs_it_is_the_one_it_starts_in(wait_until):
     watch = LoopWatch(interval=0.005)
     watch.watching(True)
     loop = _Loop()
     try:
         loop.start(watch)
-        _until(lambda: watch.ticks >= 1)
+        wait_until(lambda: watch.ticks >= 1)
         loop.block(0.06)
-        _until(lambda: bool(watch.lag_ms) and max(watch.lag_ms) >= 30)
+        wait_until(lambda: bool(watch.lag_ms) and max(watch.lag_ms) >= 30)
     finally:
         loop.close()
 
