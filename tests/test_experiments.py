@@ -89,9 +89,10 @@ def test_a_block_a_neighbour_slowed_does_not_move_the_saving():
 
     ep.request = request
     w = lab(ep, per_fix_s=60.0, budget_s=60.0).compare(toggle(ep))
-    assert w.pairs == Lab.MAX_PAIRS and max(w.pair_diffs_ms) >= 300.0
+    # (nor keep the fix's pairs going: the pairs agree without it, and the fix stops there)
+    assert w.pairs < Lab.MAX_PAIRS and max(w.pair_diffs_ms) >= 300.0
     assert w.saving_ms == pytest.approx(110.0, abs=1.0) and w.low_ms == pytest.approx(110.0, abs=1.0)
-    assert w.coverage >= 0.95
+    assert w.coverage >= 0.9
 
 
 def test_two_disturbed_pairs_do_not_hide_a_saving_the_other_pairs_agree_on():
@@ -108,7 +109,7 @@ def test_two_disturbed_pairs_do_not_hide_a_saving_the_other_pairs_agree_on():
 
     w = lab(ep, per_fix_s=60.0, budget_s=60.0).compare(Fix("threads", "fewer threads", apply))
     assert w.pairs == 12 and w.pair_diffs_ms == pytest.approx(diffs)
-    assert w.low_ms > 1.0 and w.saving_ms == pytest.approx(4.0, abs=0.1) and w.coverage >= 0.95
+    assert w.low_ms > 1.0 and w.saving_ms == pytest.approx(4.2, abs=0.1) and w.coverage >= 0.95
 
 
 def test_pairs_that_agree_end_the_fix_early_and_noisy_ones_get_every_pair():
@@ -146,7 +147,19 @@ def test_the_interval_says_its_coverage_when_few_pairs_allow_no_95_percent():
     assert (est, low, high) == (10.0, 8.0, 12.0) and coverage == 0.75
     assert paired_saving([4.0, 6.0]) == (5.0, 4.0, 6.0, 0.5)  # (the budget ran out after two pairs)
     assert paired_saving([float(i) for i in range(6)])[1:] == (0.0, 5.0, pytest.approx(0.969, abs=1e-3))
-    assert paired_saving([float(i) for i in range(8)])[1:] == (1.0, 6.0, pytest.approx(0.961, abs=1e-3))
+    assert paired_saving([float(i) for i in range(8)])[1:] == (1.0, 6.0, pytest.approx(0.930, abs=1e-3))
+
+
+def test_a_block_or_two_a_neighbour_slowed_move_neither_the_saving_nor_its_interval():
+    from servescope.doctor.experiments.lab import paired_saving
+
+    # fewer torch threads beside a neighbour (slow_serialization_fastapi, session 27): nine pairs
+    # saved 12-18 ms; the first two fixed blocks met a burst. The Wilcoxon interval said -15 to 16
+    diffs = [-48.154, -3.385, 15.491, 15.057, 15.473, 15.481, 17.725, 16.236, 15.27, 13.482, 12.087]
+    est, low, high, coverage = paired_saving(diffs)
+    assert est == 15.27 and (low, high) == (12.087, 15.491) and coverage >= 0.9
+    # ... and a saving that is not there is not made one by the same bursts on the other side
+    assert paired_saving([48.0, 3.0, 0.5, -0.4, 0.2, -0.6, 0.1, -0.3, 0.4, -0.2, 0.3])[1] < 0
 
 
 def test_the_fix_is_applied_only_for_its_own_blocks():

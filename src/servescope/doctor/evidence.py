@@ -269,9 +269,9 @@ ONE_CALL_EACH = "each model was called once a request: there are no items to run
 class WhatIf:
     """One fix tried on the running endpoint: blocks of requests with the fix applied (B)
     interleaved with blocks of the unchanged endpoint (A), the same body, at ``concurrency``
-    callers; ``saving_ms`` is the Hodges-Lehmann estimate of the paired differences of the
-    blocks' medians (A - B), with its Wilcoxon interval ``low_ms``-``high_ms`` at ``coverage``
-    (95% from six pairs; less with fewer, said). Not tried (``tried`` False) says why in ``why_not``."""
+    callers; ``saving_ms`` is the median of the paired differences of the blocks' medians
+    (A - B), with its sign-test interval ``low_ms``-``high_ms`` at ``coverage`` (90% or more
+    from five pairs; less with fewer, said). Not tried (``tried`` False) says why in ``why_not``."""
 
     fix: str = ""
     tried: bool = False
