@@ -541,3 +541,30 @@ def test_the_unprobed_requests_one_at_a_time_keep_to_their_budget_and_say_when_t
         ep.stop()
     assert cut == {} and "fewer than 3 requests" in why["concurrent.served_alone"] and took < 0.3 + 2 * 0.2 + 0.5
     assert none == {} and 0.19 < full["served_alone_p50_ms"] / 1000 < 0.6 and full["served_alone_cores"] < 0.5
+
+
+def test_a_load_per_request_sends_a_fresh_process_whose_p50_is_said_beside_this_ones(tmp_path):
+    """What a load per request costs depends on the process (its allocator's history): the doctor
+    asks a fresh process of the endpoint for its p50 even when the first request was not slow,
+    and says it where it differs; a first request that is not slow is still no cold start."""
+    path = tmp_path / "weights.pt"
+    torch.save(torch.nn.Linear(64, 64).state_dict(), path)
+    model = torch.nn.Linear(64, 64).eval()
+    asked = []
+
+    def predict(payload):
+        model.load_state_dict(torch.load(path))
+        with torch.inference_mode():
+            return {"y": model(torch.ones(1, 64)).sum().item()}
+
+    def repeat_cold():
+        asked.append(True)
+        return 1.0, 40.0, None  # (first ms, the p50 after it, error): far slower than this process
+
+    options = DoctorOptions(requests=6, concurrency=2, concurrent_requests=6, timeout_s=5.0, experiment_seconds=2.0)
+    rep = diagnose(predict, payload={}, options=options, repeat_cold=repeat_cold)
+    assert asked == [True]
+    found = {f.id: f for f in rep.findings}
+    assert "cold-start" not in found
+    f = found["model-load-per-request"]
+    assert f.evidence["fresh_process_p50_ms"] == 40.0 and "A fresh process of the endpoint as written ran at p50 40 ms" in f.detail

@@ -167,11 +167,11 @@ def test_what_stacks_cannot_show_is_not_checked_from_a_pid():
 
 def test_a_load_on_requests_that_could_not_be_told_apart_is_sized_by_its_share_not_in_ms():
     from servescope.doctor.evidence import Warm
-    from servescope.rules import causes
+    from servescope.rules import loads
 
     ev = Evidence(target_kind="pid", warm=Warm(loads_per_request=1.0, load_ms_per_request=None, load_calls=["AutoTokenizer.from_pretrained"]))
     ev.stages = {"load": {"share": 0.55, "mean_ms": None, "p95_ms": None}}
-    [f] = causes.model_load_per_request(ev)
+    [f] = loads.model_load_per_request(ev)
     assert f.severity == "critical" and f.saving_ms is None and "55%" in f.detail and "--url" in f.detail
     assert "TOKENIZER = AutoTokenizer.from_pretrained(PATH)" in f.fix
 

@@ -101,7 +101,8 @@ class Cold:
     #: its own stages (as the warm requests' breakdown splits them), ms
     stage_ms: dict[str, float] = field(default_factory=dict)
     #: a second first request, in a fresh process, when the first was slow with no load to
-    #: explain it (one sample is not enough to claim a cold start on)
+    #: explain it (one sample is not enough to claim a cold start on), or when the requests load
+    #: a model; and that process's p50 of the few requests after it (no probes, one client)
     repeat_ms: float | None = None
     repeat_p50_ms: float | None = None
     repeat_error: str = ""

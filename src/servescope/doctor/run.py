@@ -355,15 +355,18 @@ class _Run:
 
     def _repeat_cold(self) -> None:
         """A first request slow with no load to explain it is one sample: start the endpoint
-        again in a fresh process and see whether its first request is slow again."""
+        again in a fresh process and see whether its first request is slow again. A model loaded
+        on every request sends one too: what a load costs depends on the process (what its
+        memory allocator kept of the buffers freed before), and that process's p50 says how far."""
         cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
         if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
             return
-        from ..rules.causes import first_request_slow, loaded_lazily
+        from ..rules.loads import first_request_slow, loaded_lazily
 
         warm = self._warm_evidence()
         lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
-        if lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok)):
+        loads = warm.loads_per_request >= 0.5 and self.probes_at_fault is None
+        if not loads and (lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))):
             return
         self.repeated_cold = self._in_background("a second first request, in a fresh process", self.repeat_cold)
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes, concurrency, generation, items, openmp, threads
+from . import causes, concurrency, generation, items, loads, openmp, threads
 from .savings import _served_p50, p50_at_loads, severity  # noqa: F401 - (importable from here as before)
 
 Rule = Callable[[Evidence], list[Finding]]
@@ -22,8 +22,8 @@ Rule = Callable[[Evidence], list[Finding]]
 #: Every rule by the cause it names, in the order they are run.
 RULES: dict[str, Rule] = {
     "failing-requests": causes.failing_requests,
-    "model-load-per-request": causes.model_load_per_request,
-    "cold-start": causes.cold_start,
+    "model-load-per-request": loads.model_load_per_request,
+    "cold-start": loads.cold_start,
     "model-not-on-accelerator": causes.model_not_on_accelerator,
     "repeated-transfer": causes.repeated_transfer,
     "repeated-work": causes.repeated_work,
