@@ -361,11 +361,11 @@ class _Run:
         cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
         if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
             return
-        from ..rules.loads import first_request_slow, loaded_lazily
+        from ..rules.loads import first_request_slow, loaded_lazily, loads_a_model
 
         warm = self._warm_evidence()
         lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
-        loads = (warm.loads_per_request >= 0.5 or (warm.constructed_per_request >= 1 and warm.params_built_per_request > 0)) and self.probes_at_fault is None
+        loads = loads_a_model(warm) and self.probes_at_fault is None
         if not loads and (lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))):
             return
         self.repeated_cold = self._in_background("a second first request, in a fresh process", self.repeat_cold)

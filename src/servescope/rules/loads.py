@@ -10,7 +10,7 @@ from ..report import Finding
 from .idioms import load_once_fix, warmup_fix
 from .savings import measured_or_estimated, severity
 
-__all__ = ["cold_start", "first_request_slow", "loaded_lazily", "model_load_per_request"]
+__all__ = ["cold_start", "first_request_slow", "loaded_lazily", "loads_a_model", "model_load_per_request"]
 
 #: A first request is slow when it is this many times the warm p50, this much slower, and
 #: this many times the slowest warm request (it clears their tail: not noise).
@@ -20,12 +20,18 @@ COLD_RATIO, COLD_EXTRA_MS, COLD_OVER_TAIL = 3.0, 50.0, 1.5
 WARMED_STAGES = ("load", "preprocess", "to_device", "infer", "to_host", "postprocess")
 
 
+def loads_a_model(warm: Any) -> bool:
+    """Whether the warm requests load a model (a loader, half of them at least) or build one
+    (modules with weights: nn.Softmax() per request is not a model)."""
+    return warm.loads_per_request >= 0.5 or (warm.constructed_per_request >= 1 and warm.params_built_per_request > 0)
+
+
 def model_load_per_request(ev: Evidence) -> list[Finding]:
     warm = ev.need("warm")
     ev.need_probes("torch.load", "load_state_dict", "safetensors", "torch.jit.load", "from_pretrained", "SentenceTransformer", "Module.__init__")
     loads, built = warm.loads_per_request, warm.constructed_per_request
-    if loads < 0.5 and not (built >= 1 and warm.params_built_per_request > 0):
-        return []  # (modules without weights, nn.Softmax() per request, are not a model)
+    if not loads_a_model(warm):
+        return []
     what = ", ".join(warm.load_calls) or "nn.Module construction"
     if warm.load_ms_per_request is None:
         # doctor --pid on a server whose requests the samples could not tell apart: the load's
