@@ -592,3 +592,21 @@ def test_the_start_ups_first_full_collection_runs_before_the_warm_requests_not_i
     finally:
         gc.callbacks.remove(watch)
     assert any(calls[0] < t < calls[1] for t in full), (calls[:2], full)
+
+
+def test_the_fresh_process_of_a_model_loaded_per_request_is_kept_its_time_in_the_runs_aim():
+    """The second first request runs after the experiments at concurrency: their time leaves
+    room for its import and six requests, as for OpenMP's fresh processes."""
+    from servescope.doctor.evidence import Evidence, Warm
+    from servescope.doctor.run import FRESH_IMPORT_S, _Run
+
+    run = _Run.__new__(_Run)  # (only what the budget reads)
+    run.repeat_cold, run.probes_at_fault, run.import_s, run.try_environment = (lambda: None), None, 3.0, None
+    run.options = DoctorOptions()
+    loads = Evidence(target_kind="function", warm=Warm(p50_ms=200.0, loads_per_request=1.0))
+    assert run._fresh_expected_s(loads) == pytest.approx(3.0 + 6 * 0.2)
+    assert run._fresh_expected_s(Evidence(target_kind="function", warm=Warm(p50_ms=200.0))) == 0.0
+    run.import_s = 0.0  # (not timed: diagnose() called in-process)
+    assert run._fresh_expected_s(loads) == pytest.approx(FRESH_IMPORT_S + 6 * 0.2)
+    run.repeat_cold = None  # (no fresh process to start)
+    assert run._fresh_expected_s(loads) == 0.0

@@ -75,7 +75,7 @@ def test_the_saving_is_the_paired_difference_with_its_interval():
 
 
 def test_a_block_a_neighbour_slowed_does_not_move_the_saving():
-    # eight pairs; in one the neighbour took the CPU for a whole unchanged block (+200 ms)
+    # pairs of blocks; in one the neighbour took the CPU for a whole unchanged block (+200 ms)
     ep = FakeEndpoint(base_ms=150.0)
     ep.saving_ms = 110.0
     original, blocks = ep.request, []

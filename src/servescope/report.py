@@ -80,7 +80,7 @@ class Finding:
     saving_basis: str = ""
     saving_low_ms: float | None = None
     saving_high_ms: float | None = None
-    #: the interval's coverage (0.95 from six pairs of blocks; less with fewer, and said)
+    #: the interval's coverage (0.9 or more from five pairs of blocks; less with fewer, and said)
     saving_coverage: float | None = None
     #: the load the saving holds at: "c=1" (one caller), "c=8" (eight at once) ...
     saving_load: str = ""

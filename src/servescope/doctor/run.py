@@ -53,6 +53,8 @@ PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 #: The share of ``experiment_seconds`` the experiments at concurrency keep, whatever the ones
 #: at one client (which run first) used.
 LATE_SHARE = 0.5
+#: a fresh process's import of the target, where the doctor did not time its own
+FRESH_IMPORT_S = 5.0
 #: The run (the target's import included, where the command line timed it) aims to end within
 #: ``max_seconds`` + ``experiment_seconds`` + this (the batch probe, the fresh processes): the
 #: experiments at concurrency get what is left of it once the fresh processes' expected time is
@@ -454,13 +456,22 @@ class _Run:
         return o.max_seconds + o.experiment_seconds + RUN_EXTRA_S - (time.perf_counter() - self.started) - self.import_s
 
     def _fresh_expected_s(self, ev: Evidence) -> float:
-        """What trying OpenMP's policy in fresh processes will take, where it will be tried."""
+        """What the fresh processes after the experiments will take: the second first request's
+        where the requests load a model (the target's import, then its six requests), and
+        trying OpenMP's policy where it will be tried."""
+        from ..rules.loads import loads_a_model
+        from .cold import WARM_AFTER
+
+        p50_s = (ev.warm.p50_ms or 0.0) / 1000 if ev.warm is not None else 0.0
+        repeat = 0.0
+        if self.repeat_cold is not None and ev.warm is not None and self.probes_at_fault is None and loads_a_model(ev.warm):
+            repeat = (self.import_s or FRESH_IMPORT_S) + (WARM_AFTER + 1) * p50_s
         expected = getattr(self.try_environment, "expected_s", None)
         if expected is None or self.options.experiment_seconds <= 0:
-            return 0.0
+            return repeat
         from .fresh import passive_called_for
 
-        return expected(ev.warm.p50_ms or 0.0) if ev.warm is not None and passive_called_for(ev) else 0.0
+        return repeat + (expected(ev.warm.p50_ms or 0.0) if ev.warm is not None and passive_called_for(ev) else 0.0)
 
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:

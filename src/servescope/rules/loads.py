@@ -8,7 +8,7 @@ from typing import Any
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding
 from .idioms import load_once_fix, warmup_fix
-from .savings import measured_or_estimated, severity
+from .savings import _ms, measured_or_estimated, severity
 
 __all__ = ["cold_start", "first_request_slow", "loaded_lazily", "loads_a_model", "model_load_per_request"]
 
@@ -90,12 +90,12 @@ def _another_process(ev: Evidence, saving_ms: float | None) -> str:
     if not there or not here or 1 / PROCESS_SPREAD <= there / here <= PROCESS_SPREAD:
         return ""
     busy = ev.machine is not None and ev.machine.busy
-    other = f" If the difference is all in the loads, the saving there is about {max((saving_ms or 0.0) + there - here, 0.0):.3g} ms." if saving_ms else ""
+    other = f" If the difference is all in the loads, the saving there is about {_ms(max((saving_ms or 0.0) + there - here, 0.0))} ms." if saving_ms else ""
     return (
-        f" A fresh process of the endpoint as written ran at p50 {there:.3g} ms against {here:.3g} ms in this one (both without "
-        "the probes, one client, a few requests): what a load per request costs depends on the process (what its memory "
-        "allocator kept of the buffers freed before), so each worker of a server pays its own." + other
-        + (" Other processes kept cores busy meanwhile: part of the difference may be theirs." if busy else "")
+        f" A fresh process of the endpoint as written ran at p50 {_ms(there)} ms against {_ms(here)} ms in this one (both without "
+        "the probes, one client, a few requests, measured a while apart): what a load per request costs may depend on the "
+        "process (what its memory allocator kept of the buffers freed before), so each worker of a server may pay its own." + other
+        + (" Other processes kept cores busy during the doctor's run: part of the difference may be theirs." if busy else "")
     )
 
 

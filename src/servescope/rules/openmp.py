@@ -11,6 +11,7 @@ doctor tries it in fresh processes of the endpoint and names the cause only when
 from __future__ import annotations
 
 from ..doctor.evidence import Evidence, MissingEvidence
+from ..doctor.experiments.lab import INTERVAL_COVERAGE
 from ..doctor.fresh import passive_called_for
 from ..report import Finding
 from .savings import measured_or_estimated
@@ -22,7 +23,7 @@ __all__ = ["openmp_spin_wait"]
 #: differ by their threads' history alone (a few tens of percent on a busy machine: the blocks'
 #: interval cannot see that), so only a larger gain is the policy's; spinning beside a
 #: neighbour costs several-fold (docs/benchmarks.md)
-SPIN_SHARE, MIN_COVERAGE = 0.25, 0.9
+SPIN_SHARE, MIN_COVERAGE = 0.25, INTERVAL_COVERAGE
 #: the load its saving holds at: one caller, in a fresh process (not the doctor's own, whose
 #: threads' history differs: the saving does not share the in-process p50's budget)
 LOAD = "c=1, fresh process"

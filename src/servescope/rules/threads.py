@@ -5,6 +5,7 @@ the endpoint really has, in-process (the pools counted, fewer threads tried) and
 from __future__ import annotations
 
 from ..doctor.evidence import Environment, Evidence, WhatIf
+from ..doctor.experiments.lab import INTERVAL_COVERAGE
 from ..report import Finding
 from .causes import GIL_CORES
 from .savings import BUSY_CORES, measured_or_estimated
@@ -22,7 +23,7 @@ def _fewer_threads_won(ev: Evidence, experiment: str) -> WhatIf | None:
     """The experiment, when fewer threads won measurably: the low end of an interval of at
     least 90% above zero, and a saving of ``CONTENTION_SHARE`` of the p50."""
     w = ev.tried(experiment)
-    if w is None or (w.low_ms or 0.0) <= 0 or (w.coverage is not None and w.coverage < 0.9):
+    if w is None or (w.low_ms or 0.0) <= 0 or (w.coverage is not None and w.coverage < INTERVAL_COVERAGE):
         return None
     return w if (w.saving_ms or 0.0) >= CONTENTION_SHARE * (w.base_p50_ms or 0.0) else None
 

@@ -7,7 +7,7 @@ Blocks of requests with the fix applied (B) alternate with blocks of the unchang
 (A), in the order A B B A A B ..., with the same body, so the machine's drift (a neighbour
 starting, a CPU's clock) falls on both arms alike. Each pair of blocks gives one difference
 of their medians; the saving is the median of those differences with its sign-test interval
-(one or two blocks a neighbour slowed move neither).
+(a block a neighbour slowed moves neither from 8 pairs, two on one side from 11).
 The fix is applied only for its own blocks: between them, and after, the endpoint runs
 exactly as written. A fix is abandoned, and reported as not tried with the reason, when a
 request fails with it, when its answers differ from the unchanged endpoint's (beyond float
@@ -59,10 +59,10 @@ def _sign_cdf(n: int) -> list[float]:
 def paired_saving(diffs: list[float]) -> tuple[float, float, float, float]:
     """(estimate, low, high, coverage) of the typical paired difference: the median of the
     pairs with its sign-test interval, the narrowest one between two of the pairs that covers
-    at least ``INTERVAL_COVERAGE``. It assumes nothing of the pairs' spread: one or two blocks
-    a neighbour slowed (a burst, a collection) move neither the estimate nor the interval,
-    where the Wilcoxon interval's low end fell to the worst pair's level (one such pair in 11
-    took a 15-ms saving's low end to -15 ms). Too few pairs for that coverage give the widest
+    at least ``INTERVAL_COVERAGE``. It assumes nothing of the pairs' spread: a block a
+    neighbour slowed (a burst, a collection) does not move the estimate, nor the interval from
+    8 pairs (from 11, two on one side), where the Wilcoxon interval's low end fell to the
+    worst pair's level (one such pair in 11 took a 15-ms saving's low end to -15 ms). Too few pairs for that coverage give the widest
     interval, their smallest and largest, with the coverage it has (3 pairs: 75%)."""
     d, n = sorted(diffs), len(diffs)
     cdf = _sign_cdf(n)
