@@ -364,19 +364,25 @@ class _Run:
     def _repeat_cold(self) -> None:
         """A first request slow with no load to explain it is one sample: start the endpoint
         again in a fresh process and see whether its first request is slow again. A model loaded
-        on every request sends one too: what a load costs depends on the process (what its
-        memory allocator kept of the buffers freed before), and that process's p50 says how far."""
+        on every request sends one too (``_loads_go_fresh``)."""
         cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
         if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
             return
-        from ..rules.loads import first_request_slow, loaded_lazily, loads_a_model
+        from ..rules.loads import first_request_slow, loaded_lazily
 
         warm = self._warm_evidence()
         lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
-        loads = loads_a_model(warm) and self.probes_at_fault is None
-        if not loads and (lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))):
+        if not self._loads_go_fresh(warm) and (lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))):
             return
         self.repeated_cold = self._in_background("a second first request, in a fresh process", self.repeat_cold)
+
+    def _loads_go_fresh(self, warm: Warm) -> bool:
+        """Whether the requests' model loads send a fresh process of the endpoint: what a load
+        costs may depend on the process (what its memory allocator kept of the buffers freed
+        before), and that process's p50 says how far."""
+        from ..rules.loads import loads_a_model
+
+        return self.repeat_cold is not None and self.probes_at_fault is None and loads_a_model(warm)
 
     def _in_background(self, phase: str, work: Callable[[], Any]) -> Any:
         """``work()`` on a thread while the parent hears from the run (a fresh process starting
@@ -459,12 +465,11 @@ class _Run:
         """What the fresh processes after the experiments will take: the second first request's
         where the requests load a model (the target's import, then its six requests), and
         trying OpenMP's policy where it will be tried."""
-        from ..rules.loads import loads_a_model
         from .cold import WARM_AFTER
 
         p50_s = (ev.warm.p50_ms or 0.0) / 1000 if ev.warm is not None else 0.0
         repeat = 0.0
-        if self.repeat_cold is not None and ev.warm is not None and self.probes_at_fault is None and loads_a_model(ev.warm):
+        if ev.warm is not None and self._loads_go_fresh(ev.warm):
             repeat = (self.import_s or FRESH_IMPORT_S) + (WARM_AFTER + 1) * p50_s
         expected = getattr(self.try_environment, "expected_s", None)
         if expected is None or self.options.experiment_seconds <= 0:

@@ -62,8 +62,9 @@ def paired_saving(diffs: list[float]) -> tuple[float, float, float, float]:
     at least ``INTERVAL_COVERAGE``. It assumes nothing of the pairs' spread: a block a
     neighbour slowed (a burst, a collection) does not move the estimate, nor the interval from
     8 pairs (from 11, two on one side), where the Wilcoxon interval's low end fell to the
-    worst pair's level (one such pair in 11 took a 15-ms saving's low end to -15 ms). Too few pairs for that coverage give the widest
-    interval, their smallest and largest, with the coverage it has (3 pairs: 75%)."""
+    worst pair's level (one such pair in 11 took a 15-ms saving's low end to -15 ms). Too few
+    pairs for that coverage give the widest interval, their smallest and largest, with the
+    coverage it has (3 pairs: 75%)."""
     d, n = sorted(diffs), len(diffs)
     cdf = _sign_cdf(n)
     k = max((k for k in range(n // 2) if 1 - 2 * cdf[k] >= INTERVAL_COVERAGE), default=0)  # pairs cut from each end
