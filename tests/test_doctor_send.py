@@ -84,6 +84,17 @@ def test_uploaded_images_and_text_are_varied_and_other_files_are_said():
     assert none is None and "neither images nor text" in why
 
 
+def test_an_uploaded_table_has_its_decimals_nudged_or_a_row_more_never_a_word_in_a_number():
+    csv = b"tenure,fee,plan,late\n17,41.93,pro,0\n6,20.18,plus,1\n"
+    other, _ = Send.of(files=[("customers", "c.csv", csv)]).varied()
+    varied = dict((f, d) for f, _, d in other.files)["customers"]
+    assert varied == b"tenure,fee,plan,late\n17,42.3593,pro,0\n6,20.3918,plus,1\n"  # (its last cell stays a number)
+    ints = b"a\tb\n1\t2\n3\t4\n"
+    assert dict((f, d) for f, _, d in Send.of(files=[("t", "t.tsv", ints)]).varied()[0].files)["t"] == b"a\tb\n1\t2\n3\t4\n3\t4\n"
+    ragged = b"a, b\nhello, world, again\n"  # (not a table: a word added as before)
+    assert dict((f, d) for f, _, d in Send.of(files=[("n", "n.txt", ragged)]).varied()[0].files)["n"] == b"a, b\nhello, world, again and more\n"
+
+
 def test_arrays_of_whole_numbers_are_varied_within_their_range():
     pixels = [3, 9, 4, 7, 5, 6, 8, 2]
     out = vary({"pixels": pixels, "k": 5, "ids": [1, 2], "mask": [1] * 8})

@@ -66,6 +66,50 @@ def test_a_payload_that_cannot_be_varied_leaves_repeated_work_not_checked():
     assert "cannot be told apart" in rep.extra["not_checked"]["repeated-work"]
 
 
+def test_a_varied_request_that_fails_is_said_with_why_and_not_as_the_endpoints_failure():
+    import logging
+
+    def predict(payload):
+        if payload["fee"] != 41.93:  # (the endpoint refuses any other value, logged as servers log)
+            try:
+                raise ValueError("could not convert string to float")
+            except ValueError:
+                logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+                raise
+        return {"ok": 1}
+
+    rep = diagnose(predict, payload={"fee": 41.93}, options=FAST)
+    said = rep.extra["not_checked"]["repeated-work"]
+    assert "a request with the payload varied failed" in said and "ValueError: could not convert string to float" in said
+    assert not any("could not convert" in e for e in rep.diagnosis.endpoint_errors)
+
+
+def test_the_probes_own_reading_of_a_model_call_is_not_the_users_time_between_calls(monkeypatch):
+    pd = pytest.importorskip("pandas")
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression().fit(pd.DataFrame({"a": [0.0, 1.0, 2.0, 3.0]}), [0, 0, 1, 1])
+    slow = Probes._describe_call
+
+    def describe(self, inputs, ms):  # the doctor's reading of each call made slow: 20 ms
+        time.sleep(0.02)
+        return slow(self, inputs, ms)
+
+    monkeypatch.setattr(Probes, "_describe_call", describe)
+    with Probes():
+        token = set_evidence(new_evidence())
+        try:
+            with trace() as t:
+                for v in (0.5, 1.5, 2.5):  # three calls a request, nothing between them
+                    model.predict_proba(pd.DataFrame({"a": [v]}))
+        finally:
+            reset_evidence(token)
+    from servescope.doctor.attribution import split_other
+
+    stages = split_other(t)
+    assert stages.get("postprocess", 0.0) < 10.0 and stages["infer"] >= 60.0
+
+
 def test_moving_a_model_to_the_device_it_is_on_is_not_a_transfer():
     model = torch.nn.Linear(4, 2)
     ev = new_evidence()

@@ -97,6 +97,17 @@ class ExceptionLog(logging.Handler):
     def summaries(self) -> list[str]:
         return [f"{text} x{n}" if n > 1 else text for text, n in self.seen.items()]
 
+    def take_since(self, before: dict[str, int]) -> list[str]:
+        """The exceptions logged since ``before`` (a copy of ``seen``), taken out of ``seen``:
+        what a request of the doctor's own raised, said with it, not as the endpoint's failure."""
+        new = [text for text, n in self.seen.items() if n > before.get(text, 0)]
+        for text in new:
+            if before.get(text):
+                self.seen[text] = before[text]
+            else:
+                del self.seen[text]
+        return new
+
 
 #: where code is not the user's: installed libraries, the standard library, and servescope itself
 #: (its probes and middleware wrap the user's calls, and may be installed from a checkout)

@@ -19,6 +19,10 @@ __all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "rep
 #: strided sample of ``_SAMPLE`` values (images differ everywhere, so a sample tells them apart).
 FULL_HASH_ITEMS = 1 << 16
 _SAMPLE = 4096
+#: A frame this small is read by its values' repr (microseconds): pandas' own hash factorizes
+#: each object column first, 0.65 ms a call on a one-row frame of strings, and a loop of 40
+#: `predict_proba(row.to_frame().T)` calls paid 26 ms a request for the doctor's fingerprints
+SMALL_FRAME_ITEMS = 256
 
 
 def _is_tensor(x: Any) -> bool:
@@ -122,6 +126,8 @@ def _sample_bytes(leaf: Any) -> bytes:
     """Every value of an input up to ``FULL_HASH_ITEMS`` (token ids padded to 512 differ in a
     few places only: a sample would miss them), a strided sample of bigger ones."""
     if _is_frame(leaf):
+        if leaf.size <= SMALL_FRAME_ITEMS:  # (a row or a few, as a per-row loop passes them)
+            return repr((leaf.shape, list(leaf.columns)[:16], leaf.to_numpy().tolist())).encode()
         pd = sys.modules["pandas"]  # a frame's own library: already loaded, never a dependency of ours
         rows = leaf if leaf.size <= FULL_HASH_ITEMS else leaf.iloc[:: max(1, len(leaf) // _SAMPLE)]
         return repr((leaf.shape, list(leaf.columns)[:16])).encode() + pd.util.hash_pandas_object(rows, index=False).to_numpy().tobytes()

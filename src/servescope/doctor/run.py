@@ -217,9 +217,12 @@ class _Run:
         if varied is None:
             self.missing["repeated"] = f"{why}, so inputs that never change cannot be told apart"
             return
+        before = dict(self.exceptions.seen)
         obs = self.endpoint.request(varied.body, self.options.timeout_s, path=varied.path if varied.path != self.send.path else None)
+        raised = self.exceptions.take_since(before)  # (the doctor's own request: not the endpoint failing on the user's)
         if obs.error:
-            self.missing["repeated"] = f"a request with the payload varied failed ({obs.error}), so inputs that never change cannot be told apart"
+            why = obs.error + (f"; it raised {'; '.join(raised)}" if raised else "")
+            self.missing["repeated"] = f"a request with the payload varied failed ({why}), so inputs that never change cannot be told apart"
         else:
             self.varied = obs
             ok = [w for w in self.warm if w.error is None]

@@ -104,7 +104,8 @@ _SWITCHES = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null"
 
 
 def _vary_file(data: bytes) -> bytes:
-    """An image with a band of pixels inverted; text with a word added; anything else as it is."""
+    """An image with a band of pixels inverted; a table (CSV, TSV) with its decimals nudged,
+    or its last row once more; other text with a word added; anything else as it is."""
     if data.startswith(IMAGE_MAGIC):
         return vary_image(data) or data
     try:
@@ -113,7 +114,29 @@ def _vary_file(data: bytes) -> bytes:
         return data
     if not text.strip() or not all(c.isprintable() or c in "\t\r\n" for c in text[:4096]):
         return data  # (control characters: data that only decodes as UTF-8)
-    return (text.rstrip("\n") + " and more\n").encode()
+    table = _vary_table(text)
+    return (table if table is not None else text.rstrip("\n") + " and more\n").encode()
+
+
+_DECIMAL = re.compile(r"-?\d+\.\d+")
+
+
+def _vary_table(text: str) -> str | None:
+    """A delimited table (a header and rows with the same number of ``,``, tab or ``;``) with
+    each decimal cell nudged, or with no decimal its last row once more; None for other text.
+    A word added to a table would land in its last cell (a number the endpoint then cannot
+    read: a churn scorer's upload failed on '0 and more')."""
+    lines = text.splitlines()
+    rows = [line for line in lines if line.strip()]
+    if len(rows) < 2:
+        return None
+    sep = next((d for d in (",", "\t", ";") if rows[0].count(d) >= 1 and all(r.count(d) == rows[0].count(d) for r in rows)), None)
+    if sep is None:
+        return None
+    out = [sep.join(f"{float(c) * 1.01 + 0.01:.6g}" if _DECIMAL.fullmatch(c.strip()) else c for c in line.split(sep)) for line in lines]
+    if out == lines:
+        out = [*lines, rows[-1]]
+    return "\n".join(out) + "\n"
 
 
 _PARAM = re.compile(r"\{[^}]*\}|<[^>]*>")

@@ -210,6 +210,26 @@ class StackProbes:
                 if callable(cls.__dict__.get(name)):
                     self._patch(cls, name, self._model_call(cls.__dict__[name], kind, _first_arg, _first_arg_replay(name) if name != "predict" or kind != "xgboost" else None))
 
+    def _note_call(
+        self, owner: Any, method: str, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any], ms: float,
+        inputs_of: Callable[[tuple[Any, ...], dict[str, Any]], Any], replay_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None, sw: Any,
+    ) -> None:
+        """What a model call outside torch's hooks tells (its record, its owner, its replay)."""
+        try:
+            inputs = inputs_of(args, kwargs)
+            record = {"module": type(owner).__name__, "method": method, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
+            record.update(self._describe_call(inputs, ms))
+            record["grad"] = False
+            self._record_forward(record)
+            if current_evidence() is not None:
+                self.own(record["fp"], owner, method, inputs_of)
+            if replay_of is not None and self.wants(record["fp"]) and record["batch"]:
+                replay = replay_of(owner, detached(args), detached(kwargs))
+                if replay is not None:
+                    self.capture(record["fp"], replay, kind, None)
+        except Exception as exc:
+            sw.fail(exc)
+
     def _model_call(
         self,
         original: Callable[..., Any],
@@ -230,24 +250,12 @@ class StackProbes:
             t0 = time.perf_counter_ns()
             token = _in_model_call.set(True)
             try:
-                with infer:
+                with infer:  # (the probe's own reading of the call too, as torch's hooks do: not the user's stages between calls)
                     out = original(self_, *args, **kwargs)
+                    ms = (time.perf_counter_ns() - t0) / 1e6
+                    probes._note_call(self_, original.__name__, kind, args, kwargs, ms, inputs_of, replay_of, sw)
             finally:
                 _in_model_call.reset(token)
-            try:
-                inputs = inputs_of(args, kwargs)
-                record = {"module": type(self_).__name__, "method": original.__name__, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
-                record.update(probes._describe_call(inputs, (time.perf_counter_ns() - t0) / 1e6))
-                record["grad"] = False
-                probes._record_forward(record)
-                if current_evidence() is not None:
-                    probes.own(record["fp"], self_, original.__name__, inputs_of)
-                if replay_of is not None and probes.wants(record["fp"]) and record["batch"]:
-                    replay = replay_of(self_, detached(args), detached(kwargs))
-                    if replay is not None:
-                        probes.capture(record["fp"], replay, kind, None)
-            except Exception as exc:
-                sw.fail(exc)
             return out
 
         return wrapper
