@@ -166,6 +166,7 @@ def test_scikit_learn_estimators_are_infer_and_their_dataframes_replayed():
     rep = diagnose(predict, payload={"a": 0.5, "b": 1.5, "c": -0.5}, options=FAST)
     fwd = rep.extra["evidence"]["warm"]["forwards"]
     assert fwd["kinds"] == ["scikit-learn"] and fwd["count"] == 6  # the Pipeline, not its steps again
+    assert fwd["frames"] == 6  # (given DataFrames: its fixes keep their columns' names)
     assert fwd["modules"] == ["Pipeline"] and rep.extra["evidence"]["batch_probe"]["error"] is None
 
 

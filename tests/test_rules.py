@@ -683,6 +683,17 @@ def test_a_vectorisers_batch_is_its_texts_in_one_call_not_stacked_rows():
     compile(fix, "<fix>", "exec")
 
 
+def test_a_pipeline_given_dataframes_is_batched_as_frames_not_stacked_arrays():
+    from servescope.rules.idioms import batch_fix
+    from servescope.rules.items import _fix
+
+    # a ColumnTransformer selects columns by name: np.vstack of one-row frames loses the names
+    for fix in (batch_fix(["scikit-learn"], ["Pipeline.predict_proba"], frames=True), _fix(["scikit-learn"], ["Pipeline.predict_proba"], frames=True)):
+        assert "np.vstack" not in fix and ("pd.concat(frames)" in fix or "model.predict_proba(frame)" in fix)
+        compile(fix, "<fix>", "exec")
+    assert "np.vstack(rows)" in _fix(["scikit-learn"], ["Pipeline.predict_proba"])  # (arrays: stacked, as before)
+
+
 def test_a_batching_gain_found_on_fewer_threads_says_so():
     from servescope.doctor.evidence import BatchProbe
     from servescope.rules.concurrency import _fewer_threads_note

@@ -71,6 +71,7 @@ class Forwards:
     #: the calls outside torch's modules, as ``Class.method`` (``RandomForestClassifier.predict_proba``)
     calls: list[str] = field(default_factory=list)
     pad_share: float | None = None  # mean share of padding in the calls' attention masks
+    frames: int = 0  # calls given a pandas DataFrame (a pipeline that selects columns by name)
     padding_ms_per_request: float | None = None  # each masked call's time x its padding share, per request
 
 

@@ -220,6 +220,7 @@ class StackProbes:
             record = {"module": type(owner).__name__, "method": method, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
             record.update(self._describe_call(inputs, ms))
             record["grad"] = False
+            record["frame"] = type(inputs).__module__.startswith("pandas") and hasattr(inputs, "iloc")  # (named columns: the fixes keep them)
             self._record_forward(record)
             if current_evidence() is not None:
                 self.own(record["fp"], owner, method, inputs_of)

@@ -86,6 +86,7 @@ def forwards_of(obs: list[Observation], skip: frozenset[str] = frozenset()) -> F
         kinds=sorted({f.get("kind", "torch") for f in forwards}),
         calls=sorted({f"{f['module']}.{f['method']}" for f in forwards if f.get("method")}),
         pad_share=round(statistics.mean(pads), 4) if pads else None,
+        frames=sum(1 for f in forwards if f.get("frame")),
         padding_ms_per_request=round(statistics.mean(padded), 3) if pads and padded else None,
     )
 

@@ -101,7 +101,7 @@ def no_batching(ev: Evidence) -> list[Finding]:
                 "best_batch": probe.best_batch,
                 "per_item_gain": probe.gain,
             },
-            fix=_DECODE_FIX if decoding else batch_fix(fwd.kinds, fwd.calls),
+            fix=_DECODE_FIX if decoding else batch_fix(fwd.kinds, fwd.calls, fwd.frames > 0),
             saving_ms=saving.ms or None,
             detail=f"Replaying the captured input, one forward of batch {probe.best_batch} costs {probe.gain:.1f}x less per item than batch 1. "
             + _fewer_threads_note(probe)

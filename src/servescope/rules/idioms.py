@@ -79,22 +79,22 @@ _BATCH = {
 _TEXT_TRANSFORMERS = ("Vectorizer", "Hasher", "Transformer")
 
 
-def _sklearn_batch(call: str) -> str:
+def _sklearn_batch(call: str, frames: bool = False) -> str:
     cls, _, method = call.partition(".")
     name = _snake(cls)
     if method == "transform" and cls.endswith(_TEXT_TRANSFORMERS):
         return f"x = {name}.transform(all_texts); outputs = [x[i:j] for i, j in zip(starts, ends)]   # one call for every request's texts"
-    return f"y = {name}.{method}(np.vstack(rows)); outputs = np.split(y, np.cumsum(sizes)[:-1])   # 16 rows cost about as much as 1"
+    rows = "pd.concat(frames)" if frames else "np.vstack(rows)"  # (a frame's column names are what a ColumnTransformer selects by)
+    return f"y = {name}.{method}({rows}); outputs = np.split(y, np.cumsum(sizes)[:-1])   # 16 rows cost about as much as 1"
 
 
-def batch_fix(kinds: list[str], calls: list[str] | None = None) -> str:
+def batch_fix(kinds: list[str], calls: list[str] | None = None, frames: bool = False) -> str:
     """Let concurrent requests share one model call, for the kinds of model calls seen (and,
-    for scikit-learn, the estimator and method called: ``calls``)."""
+    for scikit-learn, the estimator and method called: ``calls``; ``frames``: given pandas
+    DataFrames, concatenated as frames)."""
     lines = [_BATCH[k] for k in kinds if k in _BATCH]
     if "scikit-learn" in kinds:
-        lines += [_sklearn_batch(c) for c in calls or []] or [
-            "y = MODEL.predict_proba(np.vstack(rows)); outputs = np.split(y, np.cumsum(sizes)[:-1])   # 16 rows cost about as much as 1"
-        ]
+        lines += [_sklearn_batch(c, frames) for c in calls or []] or [_sklearn_batch("Model.predict_proba", frames).replace("model.", "MODEL.", 1)]
     lines = lines or [_BATCH["torch"]]
     return (
         "# let concurrent requests share one model call\n"

@@ -30,10 +30,13 @@ _ONE_CALL = {
 }
 
 
-def _fix(kinds: list[str], calls: list[str]) -> str:
+def _fix(kinds: list[str], calls: list[str], frames: bool = False) -> str:
     lines = [_ONE_CALL[k] for k in kinds if k in _ONE_CALL]
     if "scikit-learn" in kinds:
-        lines += [f"y = model.{c.split('.', 1)[1]}(np.vstack(rows))          # {c}: one call for every row" for c in calls if "." in c]
+        rows = "frame" if frames else "np.vstack(rows)"  # (a frame's column names are what a ColumnTransformer selects by)
+        lines += [f"y = model.{c.split('.', 1)[1]}({rows})          # {c}: one call for every row" for c in calls if "." in c]
+        if frames:
+            lines.append("# the request's whole DataFrame (or pd.concat(row_frames)), not one row's frame per call: no iterrows")
     lines = lines or [_ONE_CALL["torch"]]
     return "# run the model once over all the request's items, not once per item in a loop\n" + "\n".join(dict.fromkeys(lines))
 
@@ -62,7 +65,7 @@ def per_item_calls(ev: Evidence) -> list[Finding]:
             saving.severity(),
             f"Each request runs its {n} items through the model one call at a time",
             {"calls_per_request": fwd.per_request, "batch_sizes": fwd.batch_sizes, "calls": ", ".join(fwd.calls or fwd.modules)},
-            fix=_fix(fwd.kinds, fwd.calls),
+            fix=_fix(fwd.kinds, fwd.calls, fwd.frames > 0),
             saving_ms=saving.ms,
             detail=f"Every warm request made {n} model calls of batch 1, each on another input. " + saving.detail,
             **saving.fields(),
