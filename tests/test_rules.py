@@ -154,6 +154,20 @@ def test_no_batching_needs_concurrency_at_batch_one_and_a_real_gain():
     assert diagnose_evidence(tiny).findings == []  # batching would not move it
 
 
+def test_no_batching_after_per_item_calls_is_not_estimated_where_one_call_a_request_fills_the_best_batch():
+    many = forwards(count=48 * 40, per_request=40.0)
+    ev = healthy(concurrent__forwards=many, warm__forwards=forwards(per_request=40.0), concurrent__p50_ms=400.0, p50_ms=50.0, warm__p50_ms=50.0)
+    before = [f for f in diagnose_evidence(copy.deepcopy(ev)).findings if f.id == "no-batching"]
+    assert before and before[0].saving_ms  # (as written: 40 calls a request merged across callers)
+    ev.experiments["batch-items"] = WhatIf(fix="i", tried=True, pairs=5, concurrency=1, base_p50_ms=120.0, fixed_p50_ms=6.0, saving_ms=114.0)
+    [f] = [f for f in diagnose_evidence(ev).findings if f.id == "no-batching"]
+    assert f.saving_ms is None and f.severity == "low" and "Not estimated: the 40 calls a request are its own items" in f.detail
+    few = healthy(concurrent__forwards=forwards(count=48 * 4, per_request=4.0), warm__forwards=forwards(per_request=4.0), concurrent__p50_ms=60.0, p50_ms=6.0, warm__p50_ms=6.0)
+    few.experiments["batch-items"] = ev.experiments["batch-items"]
+    [g] = [f for f in diagnose_evidence(few).findings if f.id == "no-batching"]
+    assert g.saving_ms and "takes part of it first" in g.detail
+
+
 def test_no_batching_whose_fix_was_tried_and_gained_nothing_is_info():
     # the batch probe's per-item gain is real, but batching the endpoint's calls saved nothing
     # (Python work before the model held the GIL): by the doctor's own thresholds, info
