@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-__all__ = ["detached", "fingerprint", "first_array", "leaves", "pad_share", "replicate", "text_batch", "texts_of", "vary"]
+__all__ = ["detached", "fingerprint", "first_array", "is_frame", "leaves", "pad_share", "replicate", "text_batch", "texts_of", "vary"]
 
 #: Inputs up to this many values are hashed whole (under a millisecond); bigger ones by a
 #: strided sample of ``_SAMPLE`` values (images differ everywhere, so a sample tells them apart).
@@ -33,7 +33,7 @@ def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and (_is_tensor(x) or type(x).__module__.startswith("numpy"))
 
 
-def _is_frame(x: Any) -> bool:
+def is_frame(x: Any) -> bool:
     return type(x).__module__.startswith("pandas") and hasattr(x, "iloc")
 
 
@@ -41,7 +41,7 @@ def leaves(obj: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
     """(key, array) for every tensor/array in args, kwargs, dicts, lists and tuples."""
     if depth > 4:
         return
-    if _is_array(obj) or _is_frame(obj):
+    if _is_array(obj) or is_frame(obj):
         yield "", obj
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
@@ -125,7 +125,7 @@ class _Unreadable(Exception):
 def _sample_bytes(leaf: Any) -> bytes:
     """Every value of an input up to ``FULL_HASH_ITEMS`` (token ids padded to 512 differ in a
     few places only: a sample would miss them), a strided sample of bigger ones."""
-    if _is_frame(leaf):
+    if is_frame(leaf):
         if leaf.size <= SMALL_FRAME_ITEMS:  # (a row or a few, as a per-row loop passes them)
             return repr((leaf.shape, list(leaf.columns)[:16], leaf.to_numpy().tolist())).encode()
         pd = sys.modules["pandas"]  # a frame's own library: already loaded, never a dependency of ours
@@ -183,7 +183,7 @@ def replicate(obj: Any, b: int, depth: int = 0) -> Any:
     structure (dict, BatchEncoding, list, tuple) and everything else kept as is."""
     if depth > 4:
         return obj
-    if _is_frame(obj):
+    if is_frame(obj):
         return obj.iloc[[0] * b]
     if _is_tensor(obj):
         if obj.dim() == 0:
@@ -219,7 +219,7 @@ def detached(obj: Any, depth: int = 0) -> Any:
         return obj
     if _is_tensor(obj):
         return obj.detach().clone()
-    if _is_array(obj) or _is_frame(obj):
+    if _is_array(obj) or is_frame(obj):
         return obj.copy()
     if isinstance(obj, Mapping):
         out = {k: detached(v, depth + 1) for k, v in obj.items()}

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..timing import carried, current_stage_name, stage
 from .context import _evidence, _in_model_call, current_evidence
-from .inputs import detached, replicate
+from .inputs import detached, is_frame, replicate
 
 __all__ = ["LATE_LIBRARIES", "StackProbes"]
 
@@ -220,7 +220,7 @@ class StackProbes:
             record = {"module": type(owner).__name__, "method": method, "kind": kind, "param_device": None, "training": False, "training_changes_output": False}
             record.update(self._describe_call(inputs, ms))
             record["grad"] = False
-            record["frame"] = type(inputs).__module__.startswith("pandas") and hasattr(inputs, "iloc")  # (named columns: the fixes keep them)
+            record["frame"] = is_frame(inputs)  # (named columns: the fixes keep them)
             self._record_forward(record)
             if current_evidence() is not None:
                 self.own(record["fp"], owner, method, inputs_of)
