@@ -133,7 +133,7 @@ def _vary_table(text: str) -> str | None:
     sep = next((d for d in (",", "\t", ";") if rows[0].count(d) >= 1 and all(r.count(d) == rows[0].count(d) for r in rows)), None)
     if sep is None:
         return None
-    out = [sep.join(f"{float(c) * 1.01 + 0.01:.6g}" if _DECIMAL.fullmatch(c.strip()) else c for c in line.split(sep)) for line in lines]
+    out = [sep.join(f"{vary(float(c)):.6g}" if _DECIMAL.fullmatch(c.strip()) else c for c in line.split(sep)) for line in lines]
     if out == lines:
         out = [*lines, rows[-1]]
     return "\n".join(out) + "\n"

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from ..evidence import Evidence, WhatIf
-from ..inputs import number_rows
+from ..inputs import is_frame, number_rows
 from .answers import close, plain
 from .lab import Fix, Lab
 from .memo import patching
@@ -41,7 +41,7 @@ def _kind(x: Any, stack_rows: bool = True) -> str:
         return "tensor"
     if mod.startswith("numpy") and hasattr(x, "shape") and getattr(x, "ndim", 0) > 0:
         return "array"
-    if mod.startswith("pandas") and hasattr(x, "iloc"):
+    if is_frame(x):
         return "frame"
     if stack_rows and isinstance(x, list) and x and all(isinstance(v, str) for v in x):
         return "texts"
