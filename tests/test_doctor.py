@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -598,15 +599,13 @@ def test_the_fresh_process_of_a_model_loaded_per_request_is_kept_its_time_in_the
     """The second first request runs after the experiments at concurrency: their time leaves
     room for its import and six requests, as for OpenMP's fresh processes."""
     from servescope.doctor.evidence import Evidence, Warm
-    from servescope.doctor.run import FRESH_IMPORT_S, _Run
+    from servescope.doctor.restart import FRESH_IMPORT_S, Due
 
-    run = _Run.__new__(_Run)  # (only what the budget reads)
-    run.repeat_cold, run.probes_at_fault, run.import_s, run.try_environment = (lambda: None), None, 3.0, None
-    run.options = DoctorOptions()
+    run = SimpleNamespace(repeat_cold=lambda: None, probes_at_fault=None, import_s=3.0, try_environment=None, options=DoctorOptions())
     loads = Evidence(target_kind="function", warm=Warm(p50_ms=200.0, loads_per_request=1.0))
-    assert run._fresh_expected_s(loads) == pytest.approx(3.0 + 6 * 0.2)
-    assert run._fresh_expected_s(Evidence(target_kind="function", warm=Warm(p50_ms=200.0))) == 0.0
+    assert Due(cold=True).expected_s(run, loads) == pytest.approx(3.0 + 6 * 0.2)
+    assert Due(cold=True).expected_s(run, Evidence(target_kind="function", warm=Warm(p50_ms=200.0))) == 0.0
     run.import_s = 0.0  # (not timed: diagnose() called in-process)
-    assert run._fresh_expected_s(loads) == pytest.approx(FRESH_IMPORT_S + 6 * 0.2)
+    assert Due(cold=True).expected_s(run, loads) == pytest.approx(FRESH_IMPORT_S + 6 * 0.2)
     run.repeat_cold = None  # (no fresh process to start)
-    assert run._fresh_expected_s(loads) == 0.0
+    assert Due(cold=True).expected_s(run, loads) == 0.0

@@ -4,6 +4,7 @@ endpoint (doctor/fresh.py), and the rule that names it only when it was measured
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 import pytest
 
 from servescope.doctor.evidence import Environment, Forwards, Machine, WhatIf
@@ -191,3 +192,63 @@ def test_a_try_is_expected_to_take_both_starts_the_warm_requests_and_the_least_p
     # a fast endpoint: the starts and the blocks' own time; an unknown import is taken as 5 s
     assert trials.expected_s(5.0) == pytest.approx(2 * 3.9 + 6.0, abs=0.1)
     assert FreshTrials("app.py:app", None, OPTIONS).expected_s(5.0) == pytest.approx(2 * 5.0 + 6.0, abs=0.1)
+
+
+class _Trials:
+    """A ``try_environment`` that says what it was asked, and its time."""
+
+    def __init__(self) -> None:
+        self.asked: list[bool] = []
+
+    def __call__(self, change, words, budget_s, first_alone=False):
+        self.asked.append(first_alone)
+        return WhatIf(fix=words, tried=True, pairs=5, base_p50_ms=210.0, fixed_p50_ms=190.0, saving_ms=20.0, low_ms=15.0, high_ms=25.0,
+                      coverage=0.94, base_first_ms=900.0 if first_alone else None)  # fmt: skip
+
+    def expected_s(self, p50_ms, first_alone=False):
+        return 10.0 + (1.5 * p50_ms / 1000 if first_alone else 0.0)
+
+
+def test_a_second_first_request_due_with_the_wait_policy_is_its_process_as_written():
+    """Beside a neighbour, a model loaded per request calls for both fresh-process steps: the
+    wait policy's process as written times its first request alone and gives its p50, so the
+    run starts two processes, not three (an import and six 1-s requests saved: about 15 s), and
+    expects the time of the two."""
+    from servescope.doctor.evidence import Evidence, Warm
+    from servescope.doctor.restart import Due, run_fresh
+
+    cold_asked, trials = [], _Trials()
+    run = SimpleNamespace(repeat_cold=lambda: cold_asked.append(1) or (1.0, 2.0, None), probes_at_fault=None, import_s=3.0,
+                          try_environment=trials, options=DoctorOptions(), experiments={}, repeated_cold=None, tick=lambda *a: None,
+                          _evidence=spinning)  # fmt: skip
+    loads = Evidence(target_kind="function", warm=Warm(p50_ms=200.0, loads_per_request=1.0))
+    assert Due(cold=True, policy=True).expected_s(run, loads) == pytest.approx(10.0 + 0.3)  # (not + 3.0 + 6 * 0.2)
+    run_fresh(run, Due(cold=True, policy=True))
+    assert cold_asked == [] and trials.asked == [True]
+    assert run.repeated_cold == (900.0, 210.0, None) and run.experiments["omp-passive"].saving_ms == 20.0
+    run_fresh(run, Due(cold=True))  # (quiet: the second first request alone, in a process of its own)
+    assert cold_asked == [1] and trials.asked == [True] and run.repeated_cold == (1.0, 2.0, None)
+
+
+def test_a_first_request_timed_alone_runs_before_the_other_process_starts_its_own(tmp_path, monkeypatch):
+    # where the process as written is also the doctor's second first request, its first request
+    # must be timed with the other process idle, and it is kept
+    monkeypatch.setenv("FRESH_TEST_ARM", "A")
+    monkeypatch.setenv("FRESH_TEST_LOG", str(tmp_path))
+    spec = endpoint(tmp_path, """
+        import os, pathlib, time
+        FIRST = [True]
+        def predict(payload):
+            if FIRST[0]:
+                FIRST[0], t0 = False, time.time()
+                time.sleep(0.3)
+                pathlib.Path(os.environ["FRESH_TEST_LOG"], os.environ["FRESH_TEST_ARM"]).write_text(f"{t0} {time.time()}")
+            time.sleep(0.01)
+            return {"ok": True}
+    """)
+    w = compare_environments(spec, str(tmp_path / "payload.json"), OPTIONS, {"FRESH_TEST_ARM": "B"}, words="the change", budget_s=1.0,
+                             first_alone=True)  # fmt: skip
+    assert w.tried, w.why_not
+    (a0, a1), (b0, b1) = (map(float, (tmp_path / arm).read_text().split()) for arm in "AB")
+    assert a1 <= b0  # A's first request ended before B's began
+    assert 300 <= w.base_first_ms < 300 + 1000 and w.base_p50_ms == pytest.approx(10.0, abs=8.0)

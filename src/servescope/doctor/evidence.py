@@ -286,6 +286,8 @@ class WhatIf:
     requests: int = 0  # with the fix applied, counted
     base_p50_ms: float | None = None
     fixed_p50_ms: float | None = None
+    #: the first request of a fresh process as written, timed alone (doctor/fresh.py)
+    base_first_ms: float | None = None
     saving_ms: float | None = None
     low_ms: float | None = None
     high_ms: float | None = None

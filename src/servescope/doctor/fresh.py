@@ -15,6 +15,7 @@ endpoint, says so, and answers each line ``N`` on CMD_FD with N requests' times 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -111,15 +112,17 @@ class FreshTrials:
     def __init__(self, spec: str, payload_path: str | None, options: Any, import_s: float | None = None) -> None:
         self.spec, self.payload_path, self.options, self.import_s = spec, payload_path, options, import_s
 
-    def __call__(self, change: dict[str, str], words: str, budget_s: float) -> WhatIf:
-        return compare_environments(self.spec, self.payload_path, self.options, change, words=words, budget_s=budget_s)
+    def __call__(self, change: dict[str, str], words: str, budget_s: float, first_alone: bool = False) -> WhatIf:
+        return compare_environments(self.spec, self.payload_path, self.options, change, words=words, budget_s=budget_s, first_alone=first_alone)
 
-    def expected_s(self, p50_ms: float) -> float:
+    def expected_s(self, p50_ms: float, first_alone: bool = False) -> float:
         """Seconds a try takes for requests of ``p50_ms``: both processes' start, their warm
-        requests (a first one costs more), and the least pairs of blocks or the blocks' time."""
+        requests (a first one costs more; one after the other with ``first_alone``), and the
+        least pairs of blocks or the blocks' time."""
         start = STARTS_AT_ONCE * (self.import_s if self.import_s is not None else 5.0)
         block_s = max(p50_ms / 1000, BLOCK_S)
-        return start + 1.5 * WARM * p50_ms / 1000 + max(fresh_blocks_s(self.options), 2 * MIN_PAIRS * block_s)
+        warm = (1.5 * WARM + (1.5 if first_alone else 0.0)) * p50_ms / 1000
+        return start + warm + max(fresh_blocks_s(self.options), 2 * MIN_PAIRS * block_s)
 
 
 def job_of(spec: str, payload_path: str | None, options: Any) -> dict[str, Any]:
@@ -187,10 +190,14 @@ def compare_environments(
     words: str,
     budget_s: float,
     tick: Callable[[], None] = lambda: None,
+    first_alone: bool = False,
 ) -> WhatIf:
     """The endpoint as written (A) against the same endpoint with ``change`` in its environment
     (B), each in a fresh process, in alternating blocks of sequential requests within about
-    ``budget_s`` (after both have started). Not tried, with why, when either fails."""
+    ``budget_s`` (after both have started). Not tried, with why, when either fails.
+    ``first_alone``: A's first request runs with B idle, and its time is kept
+    (``base_first_ms``): the process as written is then also the doctor's second first
+    request, and A's p50 that process's (one process started where two were)."""
     out = WhatIf(fix=f"{words}, set in a fresh process of the endpoint beside one as written")
     with tempfile.TemporaryDirectory(prefix="servescope-fresh-") as tmp:
         job = Path(tmp) / "job.json"
@@ -198,13 +205,13 @@ def compare_environments(
         base_env = dict(os.environ)
         children = {"A": _Child(job, base_env), "B": _Child(job, {**base_env, **change})}
         try:
-            return _blocks(children, out, options.timeout_s, budget_s, tick)
+            return _blocks(children, out, options.timeout_s, budget_s, tick, first_alone)
         finally:
             for child in children.values():
                 child.end()
 
 
-def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s: float, tick: Callable[[], None]) -> WhatIf:
+def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s: float, tick: Callable[[], None], first_alone: bool) -> WhatIf:
     start_limit = 120.0 + timeout_s
     for arm, child in children.items():
         said = child.read(start_limit)
@@ -212,10 +219,15 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
             out.why_not = f"the fresh process {'as written' if arm == 'A' else 'with the fix'} did not start: {said['error']}"
             return out
     tick()
-    # the first requests (imports, caches) in both at once, the rest one process at a time:
-    # their times size the blocks
-    sent = {arm: child.ask(1) for arm, child in children.items()}
-    warm = {arm: children[arm].read(2 * timeout_s) if ok else {"error": "the process ended"} for arm, ok in sent.items()}
+    # the first requests (imports, caches) in both at once, or one after the other where A's is
+    # timed as a first request; the rest one process at a time: their times size the blocks
+    if first_alone:
+        warm = {arm: child.block(1, timeout_s) for arm, child in children.items()}
+        if "error" not in warm["A"]:
+            out.base_first_ms = warm["A"]["ms"][0]
+    else:
+        sent = {arm: child.ask(1) for arm, child in children.items()}
+        warm = {arm: children[arm].read(2 * timeout_s) if ok else {"error": "the process ended"} for arm, ok in sent.items()}
     if not any("error" in w for w in warm.values()):
         warm = {arm: child.block(WARM - 1, timeout_s) for arm, child in children.items()}
     if failed := next((f"{arm}: {w['error']}" for arm, w in warm.items() if "error" in w), None):
@@ -277,6 +289,7 @@ def _answer(job: dict[str, Any], commands: Any, reply: Any) -> None:
     try:
         endpoint, body = start_endpoint(job)
         say(started=True)
+        first = True
         for line in commands:  # (the parent closes the pipe when it is done: the loop ends)
             ms, seen = [], set()
             n, cap_s = line.split()
@@ -289,6 +302,9 @@ def _answer(job: dict[str, Any], commands: Any, reply: Any) -> None:
                 ms.append(round(obs.latency_ms, 3))
                 seen.add(_answer_hash(obs.answer))
             say(**({"error": error} if error else {"ms": ms, "answers": sorted(seen)}))
+            if first:  # (the start-up's first full collection, before the requests timed: as the doctor's run does)
+                first = False
+                gc.collect()
     except BaseException as exc:  # noqa: B036 - whatever happens, the parent hears of it
         try:
             say(error=f"{type(exc).__name__}: {exc}"[:300])

@@ -33,6 +33,7 @@ from .assemble import evidence_of, report_of
 from .evidence import BatchProbe, Evidence, Machine, Repeated, Warm, WhatIf
 from .batchprobe import NO_CALL, probe_captured
 from .probes import Probes
+from .restart import Due, run_fresh
 from .summary import data_load_keys, repeated_of, warm_of
 from .failures import ExceptionLog
 from .sampler import StackSampler
@@ -53,8 +54,6 @@ PROBE_BLAME_SHARE, PROBE_BLAME_CHECKS = 0.8, 2
 #: The share of ``experiment_seconds`` the experiments at concurrency keep, whatever the ones
 #: at one client (which run first) used.
 LATE_SHARE = 0.5
-#: a fresh process's import of the target, where the doctor did not time its own
-FRESH_IMPORT_S = 5.0
 #: The run (the target's import included, where the command line timed it) aims to end within
 #: ``max_seconds`` + ``experiment_seconds`` + this (the batch probe, the fresh processes): the
 #: experiments at concurrency get what is left of it once the fresh processes' expected time is
@@ -176,12 +175,12 @@ class _Run:
             self.tick("batch probe", 0.0)
             self._batch_probe()
             self._experiments(AT_CONCURRENCY)
-            self._repeat_cold()
         finally:
             self.exceptions.__exit__()
             self.probes.remove()
             self.endpoint.stop()
-        self._wait_policy()  # (fresh processes: after this one's endpoint has stopped)
+        if self.start_error is None and self.cold is not None:
+            run_fresh(self, Due.of(self))  # (fresh processes: after this one's endpoint has stopped)
 
     def _check_the_probes(self) -> None:
         """Most requests failed under the probes: requests without them tell whose fault it
@@ -364,52 +363,6 @@ class _Run:
         m.busy = m.others_cores is not None and m.others_cores >= BUSY_CORES
         m.why_busy = f"other processes kept {m.others_cores:.1f} of {m.cpus_available:g} cores busy while the doctor measured" if m.busy else ""
 
-    def _repeat_cold(self) -> None:
-        """A first request slow with no load to explain it is one sample: start the endpoint
-        again in a fresh process and see whether its first request is slow again. A model loaded
-        on every request sends one too (``_loads_go_fresh``)."""
-        cold, ok = self.cold, [w.latency_ms for w in self.warm if w.error is None]
-        if self.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
-            return
-        from ..rules.loads import first_request_slow, loaded_lazily
-
-        warm = self._warm_evidence()
-        lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
-        if not self._loads_go_fresh(warm) and (lazy or not first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))):
-            return
-        self.repeated_cold = self._in_background("a second first request, in a fresh process", self.repeat_cold)
-
-    def _loads_go_fresh(self, warm: Warm) -> bool:
-        """Whether the requests' model loads send a fresh process of the endpoint: what a load
-        costs may depend on the process (what its memory allocator kept of the buffers freed
-        before), and that process's p50 says how far."""
-        from ..rules.loads import loads_a_model
-
-        return self.repeat_cold is not None and self.probes_at_fault is None and loads_a_model(warm)
-
-    def _in_background(self, phase: str, work: Callable[[], Any]) -> Any:
-        """``work()`` on a thread while the parent hears from the run (a fresh process starting
-        can take a while); its result, None if it raised."""
-        done: list[Any] = []
-        t = threading.Thread(target=lambda: done.append(work()), daemon=True, name="servescope-fresh")
-        t.start()
-        while t.is_alive():
-            self.tick(phase, 0.5)
-            t.join(1.0)
-        return done[0] if done else None
-
-    def _wait_policy(self) -> None:
-        """OpenMP's idle threads spinning beside a neighbour: its wait policy is read when torch
-        loads, so it is tried in fresh processes of the endpoint (doctor/fresh.py)."""
-        if self.try_environment is None or self.options.experiment_seconds <= 0 or self.probes_at_fault or not any(w.error is None for w in self.warm):
-            return
-        from .fresh import try_wait_policy
-
-        ev, try_environment = self._evidence(), self.try_environment
-        result = self._in_background("OpenMP's wait policy, in two fresh processes", lambda: try_wait_policy(ev, try_environment, self.options))
-        if result is not None:
-            self.experiments["omp-passive"] = result
-
     def _per_request_experiments(self) -> None:
         """The fixes tried at one client, right after the sequential requests and before the
         concurrent burst, so their blocks run in the state the warm requests measured: on a busy
@@ -439,7 +392,7 @@ class _Run:
         budget = o.experiment_seconds - self.lab_s
         rps, short = None, ""
         if AT_CONCURRENCY.issuperset(names):
-            wanted, aim_left = max(budget, LATE_SHARE * o.experiment_seconds), self._run_left() - self._fresh_expected_s(ev)
+            wanted, aim_left = max(budget, LATE_SHARE * o.experiment_seconds), self._run_left() - Due.of(self, ev).expected_s(self, ev)
             budget = min(wanted, aim_left)
             if aim_left < wanted and self.import_s >= 1.0:  # (said where the fixes at concurrency find too little time)
                 aim = o.max_seconds + o.experiment_seconds + RUN_EXTRA_S
@@ -463,23 +416,6 @@ class _Run:
     def _run_left(self) -> float:
         o = self.options
         return o.max_seconds + o.experiment_seconds + RUN_EXTRA_S - (time.perf_counter() - self.started) - self.import_s
-
-    def _fresh_expected_s(self, ev: Evidence) -> float:
-        """What the fresh processes after the experiments will take: the second first request's
-        where the requests load a model (the target's import, then its six requests), and
-        trying OpenMP's policy where it will be tried."""
-        from .cold import WARM_AFTER
-
-        p50_s = (ev.warm.p50_ms or 0.0) / 1000 if ev.warm is not None else 0.0
-        repeat = 0.0
-        if ev.warm is not None and self._loads_go_fresh(ev.warm):
-            repeat = (self.import_s or FRESH_IMPORT_S) + (WARM_AFTER + 1) * p50_s
-        expected = getattr(self.try_environment, "expected_s", None)
-        if expected is None or self.options.experiment_seconds <= 0:
-            return repeat
-        from .fresh import passive_called_for
-
-        return repeat + (expected(ev.warm.p50_ms or 0.0) if ev.warm is not None and passive_called_for(ev) else 0.0)
 
     # -- the report ----------------------------------------------------------------------------
     def verdict(self) -> Verdict:

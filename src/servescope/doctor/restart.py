@@ -1,0 +1,125 @@
+"""A doctor run's steps in fresh processes of the endpoint, after its own has stopped: a second
+first request (doctor/cold.py), where the first was slow with no load to explain it or where
+the requests load a model, and OpenMP's wait policy tried beside the endpoint as written
+(doctor/fresh.py), where a busy machine calls for it. Where both are due, the wait policy's
+process as written is the second first request too: its first request runs alone and its
+blocks give its p50, so one process starts where two did (beside a neighbour, an import and
+six requests of a 1-s endpoint: about 15 s).
+
+    due = Due.of(run)
+    run.expected_s = due.expected_s(run)    # (kept out of the experiments at concurrency)
+    run_fresh(run, due)
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .cold import WARM_AFTER
+from .evidence import Evidence, Warm
+from .options import MIN_OK_REQUESTS
+
+__all__ = ["FRESH_IMPORT_S", "Due", "loads_go_fresh", "run_fresh"]
+
+#: a fresh process's import of the target, where the doctor did not time its own
+FRESH_IMPORT_S = 5.0
+
+
+def loads_go_fresh(run: Any, warm: Warm) -> bool:
+    """Whether the requests' model loads send a fresh process of the endpoint: what a load
+    costs may depend on the process (what its memory allocator kept of the buffers freed
+    before), and that process's p50 says how far."""
+    from ..rules.loads import loads_a_model
+
+    return run.repeat_cold is not None and run.probes_at_fault is None and loads_a_model(warm)
+
+
+def _cold_due(run: Any) -> bool:
+    """A first request slow with no load to explain it is one sample: start the endpoint again
+    and see whether its first request is slow again. A model loaded on every request sends one
+    too (``loads_go_fresh``)."""
+    cold, ok = run.cold, [w.latency_ms for w in run.warm if w.error is None]
+    if run.repeat_cold is None or cold is None or cold.error or len(ok) < MIN_OK_REQUESTS:
+        return False
+    from ..rules.loads import first_request_slow, loaded_lazily
+
+    warm = run._warm_evidence()
+    if loads_go_fresh(run, warm):
+        return True
+    lazy = loaded_lazily(cold.evidence.get("loads", 0), cold.evidence.get("params_built", 0), warm)
+    return not lazy and first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))
+
+
+def _policy_due(run: Any, ev: Evidence | None) -> bool:
+    """OpenMP's idle threads spinning beside a neighbour: its wait policy is read when torch
+    loads, so it is tried in fresh processes, where the evidence calls for it."""
+    from .fresh import passive_called_for
+
+    o = run.options
+    if run.try_environment is None or o.experiment_seconds <= 0 or run.probes_at_fault or not any(w.error is None for w in run.warm):
+        return False
+    return passive_called_for(ev if ev is not None else run._evidence())
+
+
+@dataclass
+class Due:
+    """Which fresh-process steps the run's evidence calls for."""
+
+    cold: bool = False
+    policy: bool = False
+
+    @classmethod
+    def of(cls, run: Any, ev: Evidence | None = None) -> "Due":
+        return cls(cold=_cold_due(run), policy=_policy_due(run, ev))
+
+    @property
+    def together(self) -> bool:
+        return self.cold and self.policy
+
+    def expected_s(self, run: Any, ev: Evidence) -> float:
+        """What the fresh processes will take: the second first request's where the requests
+        load a model (the target's import, then its six requests), and trying OpenMP's policy
+        (both processes' start, the blocks) where it will be tried; the first with the second
+        where both are."""
+        p50_ms = (ev.warm.p50_ms or 0.0) if ev.warm is not None else 0.0
+        expected = getattr(run.try_environment, "expected_s", None)
+        policy = expected(p50_ms, first_alone=self.together) if self.policy and expected is not None else 0.0
+        repeat = 0.0
+        if self.cold and not self.together and ev.warm is not None and loads_go_fresh(run, ev.warm):
+            repeat = (run.import_s or FRESH_IMPORT_S) + (WARM_AFTER + 1) * p50_ms / 1000
+        return repeat + policy
+
+
+def run_fresh(run: Any, due: Due) -> None:
+    """The steps ``due`` names, each on a thread while the parent hears from the run (a fresh
+    process starting can take a while); a step that raises leaves its result None."""
+    from .fresh import try_wait_policy
+
+    if due.together:
+        ev, trials, o = run._evidence(), run.try_environment, run.options
+        w = _in_background(run, "a second first request and OpenMP's wait policy, in two fresh processes",
+                           lambda: try_wait_policy(ev, lambda change, words, budget_s: trials(change, words, budget_s, first_alone=True), o))  # fmt: skip
+        if w is not None:
+            run.experiments["omp-passive"] = w
+            run.repeated_cold = (w.base_first_ms, w.base_p50_ms if w.tried else None, None if w.base_first_ms is not None else w.why_not or "no answer")
+        return
+    if due.cold:
+        run.repeated_cold = _in_background(run, "a second first request, in a fresh process", run.repeat_cold)
+    if due.policy:
+        ev, trials, o = run._evidence(), run.try_environment, run.options
+        w = _in_background(run, "OpenMP's wait policy, in two fresh processes", lambda: try_wait_policy(ev, trials, o))
+        if w is not None:
+            run.experiments["omp-passive"] = w
+
+
+def _in_background(run: Any, phase: str, work: Callable[[], Any]) -> Any:
+    done: list[Any] = []
+    t = threading.Thread(target=lambda: done.append(work()), daemon=True, name="servescope-fresh")
+    t.start()
+    while t.is_alive():
+        run.tick(phase, 0.5)
+        t.join(1.0)
+    return done[0] if done else None
