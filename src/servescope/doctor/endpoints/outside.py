@@ -7,7 +7,11 @@ milliseconds a request, more for the arm with the fix (it answers faster), so a 
 concurrency came out smaller than the fixed twin's under uvicorn (docs/benchmarks.md, session
 13), and beside a core-burning neighbour the concurrent phase's p50 came out 1.35-1.75x a
 server's, against 1.1-1.2x from a helper (session 21). The load is sent by a helper process
-instead, as a server's clients are (in this process only where no helper can run). Each answer
+instead, as a server's clients are (in this process only where no helper can run), and in a
+session of its own: where the kernel shares the CPUs between sessions (autogroup), a helper in
+the doctor's session took part of the endpoint's share beside a neighbour, and an `async def`
+forward moved to threads measured 7-12 ms of saving at c=8 where its `def` twin under uvicorn
+saved 17 (18-19 with the helper apart; docs/benchmarks.md, session 30). Each answer
 names its request's id in Server-Timing, and the helper hands the ids back, so the phase still
 finds each request's trace.
 
@@ -23,11 +27,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, NamedTuple
 
@@ -88,6 +94,10 @@ class OutsideLoad:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "servescope.doctor.endpoints.outside"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                # a session of its own: where the kernel shares the CPUs between sessions
+                # (autogroup), a client in the endpoint's session takes part of the endpoint's
+                # share; served apart, as a server's clients are (``main`` ends it with its parent)
+                start_new_session=True,
             )  # fmt: skip
             HELPERS.add(self.proc.pid)  # (its CPU is the doctor's client's, not a neighbour's)
             if self._line(START_S) != READY:
@@ -210,8 +220,17 @@ def _one_by_one(args: list[Any]) -> dict[str, Any]:
     return {"sent": [[*s[:3], base64.b64encode(s.data).decode() if s.data is not None else None, *s[4:]] for s in sents]}
 
 
+def _end_with(parent: int) -> None:
+    """Ends this process once ``parent`` has (killed with its session, this one is not in it)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
 def main() -> None:
     from ...load import loadgen  # noqa: F401  (imported before it says it is ready)
+
+    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True, name="servescope-orphan-watch").start()
 
     sys.stdout.write(READY.decode())
     sys.stdout.flush()
