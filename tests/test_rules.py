@@ -734,3 +734,17 @@ def test_a_loop_stopped_in_a_blocking_wait_is_blocked_and_sized_by_what_the_othe
     short = LoopActivity(samples=500, waiting_share=0.9, longest_wait_ms=8.0)
     assert diagnose_evidence(healthy(concurrent__loop=short, concurrent__loop_lag_max_ms=1800.0)).findings == []
     assert diagnose_evidence(healthy(concurrent__loop=waits, concurrent__loop_lag_max_ms=3.0)).findings == []
+
+
+def test_a_saving_measured_by_throughput_says_it_is_the_mean_a_request_spends():
+    # the off-the-loop fix at c=8 beside a neighbour (docs/benchmarks.md, session 30): each
+    # block's callers over its throughput; the finding says what its figures are
+    on_loop = healthy(concurrent__forwards=forwards(count=48, on_event_loop=48, batch_sizes=[1, 8], max_batch=8), concurrent__p50_ms=130.0)
+    on_loop.concurrent.loop = LoopActivity(samples=100, busy_samples=90, busy_share=0.9, longest_busy_ms=120.0)
+    on_loop.experiments["off-the-loop"] = WhatIf(
+        fix="off", tried=True, concurrency=8, pairs=8, measure="mean", base_p50_ms=141.1, fixed_p50_ms=125.0, saving_ms=16.2,
+        low_ms=12.0, high_ms=19.0, coverage=0.93, base_rps=56.7, fixed_rps=64.0,
+    )  # fmt: skip
+    [f] = diagnose_evidence(on_loop).findings
+    assert f.id == "event-loop-blocked" and f.saving_ms == 16.2 and f.saving_basis == "measured" and f.saving_load == "c=8"
+    assert "mean time a request spends (its callers over the throughput, as a steady load keeps it) 141 -> 125 ms at c=8" in f.detail

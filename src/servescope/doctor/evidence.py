@@ -279,8 +279,9 @@ class WhatIf:
     tried: bool = False
     why_not: str = ""
     concurrency: int = 1
-    #: what the p50s and the saving are of: "latency" (the whole answer), or "first chunk" for
-    #: a streamed answer (time to first token: what its reader waits for)
+    #: what the p50s and the saving are of: "latency" (the whole answer), "first chunk" for
+    #: a streamed answer (time to first token: what its reader waits for), or "mean" at c > 1:
+    #: each block's callers over its throughput, the mean time a request spends (Little's law)
     measure: str = "latency"
     pairs: int = 0
     requests: int = 0  # with the fix applied, counted

@@ -109,6 +109,14 @@ def _speed_moved(w: WhatIf, endpoint_p50_ms: float | None) -> str:
     )
 
 
+#: what a WhatIf's p50s and saving are of, by its ``measure``
+MEASURES = {
+    "latency": "p50",
+    "first chunk": "p50 time to first chunk",
+    "mean": "mean time a request spends (its callers over the throughput, as a steady load keeps it)",
+}
+
+
 def _measured(w: WhatIf, experiment: str, endpoint_p50_ms: float | None = None) -> Saving:
     load = f"c={w.concurrency}" + (", first chunk" if w.measure == "first chunk" else "")
     saving = max(w.saving_ms or 0.0, 0.0)
@@ -117,12 +125,13 @@ def _measured(w: WhatIf, experiment: str, endpoint_p50_ms: float | None = None) 
     rate = ""
     if w.base_rps and w.fixed_rps:
         rate = f"; throughput {w.base_rps:g} -> {w.fixed_rps:g} req/s ({w.fixed_rps / w.base_rps:.2f}x)"
+    what = MEASURES.get(w.measure, "p50")
     gain = (
         f"{_ms(w.saving_ms or 0.0)} ms per request{interval}"
         if (w.saving_ms or 0.0) > 0
         else f"no gain ({_ms(w.saving_ms or 0.0)} ms per request{interval}): " + (
             # (at c=N a fix may serve more requests a second and still not lower the median wait)
-            f"the fix does not lower the p50 here, though it served {w.fixed_rps / w.base_rps:.2f}x the requests a second"
+            f"the fix does not lower the {what} here, though it served {w.fixed_rps / w.base_rps:.2f}x the requests a second"
             if w.base_rps and w.fixed_rps and w.fixed_rps >= THROUGHPUT_GAIN * w.base_rps
             else "the fix does not make this endpoint faster here"
         )
@@ -136,7 +145,6 @@ def _measured(w: WhatIf, experiment: str, endpoint_p50_ms: float | None = None) 
     busy += moved
     if w.low_ms is not None and w.low_ms <= 0 < (w.saving_ms or 0.0):
         busy += " The interval includes zero: this saving cannot be told from none."
-    what = "p50 time to first chunk" if w.measure == "first chunk" else "p50"
     detail = (
         f"Measured by trying the fix on this endpoint ({w.fix}): {what} {_ms(w.base_p50_ms or 0.0)} -> {_ms(w.fixed_p50_ms or 0.0)} ms "
         f"at {load}{rate}; saving {gain}, from {w.pairs} pairs of request blocks; answers {w.answers or 'not compared'}.{busy}"
