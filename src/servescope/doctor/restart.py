@@ -6,9 +6,9 @@ process as written is the second first request too: its first request runs alone
 blocks give its p50, so one process starts where two did (beside a neighbour, an import and
 six requests of a 1-s endpoint: about 15 s).
 
-    due = Due.of(run)
-    run.expected_s = due.expected_s(run)    # (kept out of the experiments at concurrency)
-    run_fresh(run, due)
+    due = Due.of(run)           # the steps the run's evidence calls for
+    due.expected_s(run, ev)     # their seconds: kept out of the experiments at concurrency
+    run_fresh(run, due)         # once the run's own endpoint has stopped
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def run_fresh(run: Any, due: Due) -> None:
 
 
 def _in_background(run: Any, phase: str, work: Callable[[], Any]) -> Any:
+    """``work()`` on a thread while the parent hears from the run; its result, None if it raised."""
     done: list[Any] = []
     t = threading.Thread(target=lambda: done.append(work()), daemon=True, name="servescope-fresh")
     t.start()
