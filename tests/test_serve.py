@@ -86,6 +86,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Waits for ``condition()``; a state the test waits for that never comes fails it, never hangs it."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, "the state the test waits for did not come"
+        await asyncio.sleep(0.005)
+
+
 def test_predict_answers_with_every_fix_applied_and_a_server_timing():
     model = Doubler()
     app = servescope.serve(model, max_batch_size=8)
@@ -164,8 +172,7 @@ def test_concurrent_requests_are_batched():
                 if len(model.modes) >= 4 and app.batcher.batches >= 1:
                     break
             rest = [asyncio.ensure_future(client.post("/predict", json={"x": [i, 0, 0, 0]})) for i in range(6)]
-            while app.batcher.depth() < 6:
-                await asyncio.sleep(0.005)
+            await until(lambda: app.batcher.depth() >= 6)
             gate.set()
             return await first, await asyncio.gather(*rest)
 
@@ -229,16 +236,16 @@ def test_one_items_failure_is_that_items_only():
 def test_a_full_queue_answers_503_at_once_and_a_deadline_504():
     gate = threading.Event()
     model = Doubler(gate)
-    app = servescope.serve(model, max_queue=2, timeout_s=0.3, inline_below_ms=0)
+    # (the watchdog kept off: a worker started beside the stuck batch would take the queued
+    # requests, and on a slow machine the test waited for a queue that never filled)
+    app = servescope.serve(model, max_queue=2, timeout_s=0.3, batch_timeout_s=60.0, inline_below_ms=0)
 
     async def go():
         async with Running(app) as client:
             stuck = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
-            while app.batcher.batches < 1:
-                await asyncio.sleep(0.005)
+            await until(lambda: app.batcher.batches >= 1)
             queued = [asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]})) for _ in range(2)]
-            while app.batcher.depth() < 2:
-                await asyncio.sleep(0.005)
+            await until(lambda: app.batcher.depth() >= 2)
             shed = await client.post("/predict", json={"x": [1, 1, 1, 1]})
             timed_out = await stuck
             gate.set()
@@ -263,8 +270,7 @@ def test_a_client_that_leaves_frees_its_slot():
         model.serving = True
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
             stuck = asyncio.ensure_future(client.post("/predict", json={"x": [1, 1, 1, 1]}))
-            while app.batcher.batches < 1:
-                await asyncio.sleep(0.005)
+            await until(lambda: app.batcher.batches >= 1)
             # a second request that waits in the queue, then its client disconnects
             messages = [{"type": "http.request", "body": b'{"x": [5, 5, 5, 5]}', "more_body": False}]
             left = asyncio.Event()
@@ -282,8 +288,7 @@ def test_a_client_that_leaves_frees_its_slot():
 
             scope = {"type": "http", "method": "POST", "path": "/predict", "headers": [], "query_string": b""}
             call = asyncio.ensure_future(app(scope, receive, send))
-            while app.batcher.depth() < 1:
-                await asyncio.sleep(0.005)
+            await until(lambda: app.batcher.depth() >= 1)
             left.set()
             await call
             gate.set()
