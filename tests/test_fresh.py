@@ -251,4 +251,4 @@ def test_a_first_request_timed_alone_runs_before_the_other_process_starts_its_ow
     assert w.tried, w.why_not
     (a0, a1), (b0, b1) = (map(float, (tmp_path / arm).read_text().split()) for arm in "AB")
     assert a1 <= b0  # A's first request ended before B's began
-    assert 300 <= w.base_first_ms < 300 + 1000 and w.base_p50_ms == pytest.approx(10.0, abs=8.0)
+    assert 300 <= w.base_first_ms < 300 + 1000 and 10.0 <= w.base_p50_ms < 40.0  # (its p50: the requests after the first)
