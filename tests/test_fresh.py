@@ -45,20 +45,27 @@ def test_a_setting_read_at_import_is_measured_in_two_fresh_processes(tmp_path, m
     assert w.answers == "same" and "set in a fresh process" in w.fix
 
 
-def test_the_two_processes_first_requests_run_at_once(tmp_path, monkeypatch):
-    # a first request that costs a second (imports, caches) is paid once in the run, not twice
+def logs_its_first_request(tmp_path, monkeypatch, first_s: float, then_s: float = 0.0) -> str:
+    """An endpoint whose first request takes ``first_s`` and writes when it ran to a file named
+    for its process's arm (A as written, B with the change: ``{"FRESH_TEST_ARM": "B"}``)."""
     monkeypatch.setenv("FRESH_TEST_ARM", "A")
     monkeypatch.setenv("FRESH_TEST_LOG", str(tmp_path))
-    spec = endpoint(tmp_path, """
+    return endpoint(tmp_path, f"""
         import os, pathlib, time
         FIRST = [True]
         def predict(payload):
             if FIRST[0]:
                 FIRST[0], t0 = False, time.time()
-                time.sleep(1.0)
-                pathlib.Path(os.environ["FRESH_TEST_LOG"], os.environ["FRESH_TEST_ARM"]).write_text(f"{t0} {time.time()}")
-            return {"ok": True}
+                time.sleep({first_s})
+                pathlib.Path(os.environ["FRESH_TEST_LOG"], os.environ["FRESH_TEST_ARM"]).write_text(f"{{t0}} {{time.time()}}")
+            time.sleep({then_s})
+            return {{"ok": True}}
     """)
+
+
+def test_the_two_processes_first_requests_run_at_once(tmp_path, monkeypatch):
+    # a first request that costs a second (imports, caches) is paid once in the run, not twice
+    spec = logs_its_first_request(tmp_path, monkeypatch, first_s=1.0)
     w = compare(tmp_path, spec, {"FRESH_TEST_ARM": "B"}, 1.0)
     assert w.tried, w.why_not
     (a0, a1), (b0, b1) = (map(float, (tmp_path / arm).read_text().split()) for arm in "AB")
@@ -233,19 +240,7 @@ def test_a_second_first_request_due_with_the_wait_policy_is_its_process_as_writt
 def test_a_first_request_timed_alone_runs_before_the_other_process_starts_its_own(tmp_path, monkeypatch):
     # where the process as written is also the doctor's second first request, its first request
     # must be timed with the other process idle, and it is kept
-    monkeypatch.setenv("FRESH_TEST_ARM", "A")
-    monkeypatch.setenv("FRESH_TEST_LOG", str(tmp_path))
-    spec = endpoint(tmp_path, """
-        import os, pathlib, time
-        FIRST = [True]
-        def predict(payload):
-            if FIRST[0]:
-                FIRST[0], t0 = False, time.time()
-                time.sleep(0.3)
-                pathlib.Path(os.environ["FRESH_TEST_LOG"], os.environ["FRESH_TEST_ARM"]).write_text(f"{t0} {time.time()}")
-            time.sleep(0.01)
-            return {"ok": True}
-    """)
+    spec = logs_its_first_request(tmp_path, monkeypatch, first_s=0.3, then_s=0.01)
     w = compare_environments(spec, str(tmp_path / "payload.json"), OPTIONS, {"FRESH_TEST_ARM": "B"}, words="the change", budget_s=1.0,
                              first_alone=True)  # fmt: skip
     assert w.tried, w.why_not

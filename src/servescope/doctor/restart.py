@@ -98,21 +98,21 @@ def run_fresh(run: Any, due: Due) -> None:
     process starting can take a while); a step that raises leaves its result None."""
     from .fresh import try_wait_policy
 
-    if due.together:
-        ev, trials, o = run._evidence(), run.try_environment, run.options
-        w = _in_background(run, "a second first request and OpenMP's wait policy, in two fresh processes",
-                           lambda: try_wait_policy(ev, lambda change, words, budget_s: trials(change, words, budget_s, first_alone=True), o))  # fmt: skip
-        if w is not None:
-            run.experiments["omp-passive"] = w
-            run.repeated_cold = (w.base_first_ms, w.base_p50_ms if w.tried else None, None if w.base_first_ms is not None else w.why_not or "no answer")
-        return
-    if due.cold:
+    if due.cold and not due.together:
         run.repeated_cold = _in_background(run, "a second first request, in a fresh process", run.repeat_cold)
-    if due.policy:
-        ev, trials, o = run._evidence(), run.try_environment, run.options
-        w = _in_background(run, "OpenMP's wait policy, in two fresh processes", lambda: try_wait_policy(ev, trials, o))
-        if w is not None:
-            run.experiments["omp-passive"] = w
+    if not due.policy:
+        return
+    ev, trials, o = run._evidence(), run.try_environment, run.options
+    if due.together:
+        tries, phase = (lambda change, words, budget_s: trials(change, words, budget_s, first_alone=True)), "a second first request and OpenMP's wait policy, in two fresh processes"
+    else:
+        tries, phase = trials, "OpenMP's wait policy, in two fresh processes"
+    w = _in_background(run, phase, lambda: try_wait_policy(ev, tries, o))
+    if w is None:
+        return
+    run.experiments["omp-passive"] = w
+    if due.together:
+        run.repeated_cold = (w.base_first_ms, w.base_p50_ms if w.tried else None, None if w.base_first_ms is not None else w.why_not or "no answer")
 
 
 def _in_background(run: Any, phase: str, work: Callable[[], Any]) -> Any:

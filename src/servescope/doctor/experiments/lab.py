@@ -287,15 +287,12 @@ class Lab:
             for arm in order:
                 if c > 1:
                     lat, rps = self._concurrent(arm, c, per_block)
-                    if by_rate and rps:
-                        (b_meds if arm else a_meds).append(1000 * c / rps)
                 else:
                     if arm is not None and not primed:
                         self._block(arm, 1, answers)
                         primed = True
                     lat, rps = self._block(arm, n, answers)
-                if not (c > 1 and by_rate and rps):
-                    (b_meds if arm else a_meds).append(statistics.median(lat))
+                (b_meds if arm else a_meds).append(1000 * c / rps if by_rate and rps else statistics.median(lat))
                 if arm is None and c == 1:
                     self.unchanged.append(a_meds[-1])
                 (b_all if arm else a_all).extend(lat)
