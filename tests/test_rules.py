@@ -21,8 +21,11 @@ from servescope.doctor.evidence import (
     Repeated,
     Warm,
 )
+from servescope.doctor.evidence import stage_shares
 from servescope.exceptions import ReportError
 from servescope.report import Finding, Report
+from servescope.sections.doctor import Diagnosis as DoctorSection
+from servescope.stats import Distribution
 from servescope.rules import RULES, cap_savings, diagnose_evidence, diagnose_report
 from servescope.rules.loads import model_load_per_request
 from servescope.rules.concurrency import no_batching
@@ -344,6 +347,26 @@ def test_a_slow_stage_is_judged_and_sized_by_the_median_request_not_a_few_slow_o
     assert f.evidence["share"] == pytest.approx(0.65) and "median request" in f.detail
     ev.stages = {"preprocess": {"mean_ms": 6.6, "p50_ms": 0.8, "p95_ms": 1.0, "share": 0.81}}
     assert diagnose_evidence(ev).findings == []  # the median request's share is 20%: not a slow stage
+
+
+def test_a_stage_share_is_read_request_by_request_where_the_report_kept_its_rows():
+    # a busy machine: some requests stall in the forward, some do not, and the stage's time
+    # moves with them: its share of each request is the figure, not its p50 over the request's
+    rows = [{"total_ms": t, "stages": {"preprocess": p, "infer": t - p}} for p, t in ((3.0, 8.0), (3.2, 8.5), (3.4, 9.0), (4.0, 17.5), (4.4, 18.0), (4.6, 18.5), (5.5, 19.0))]
+    shares = stage_shares(rows + [{"total_ms": 0.0, "stages": {}}, {"total_ms": 9.0}])  # (rows with no breakdown: left out)
+    assert shares["preprocess"] == pytest.approx(5.5 / 19.0, abs=1e-4) and set(shares) == {"preprocess", "infer"}
+    assert stage_shares(rows + [{"total_ms": 10.0, "stages": {"infer": 10.0}}] * 2)["preprocess"] == pytest.approx(4.6 / 18.5, abs=1e-4)  # (none: 0)
+    assert stage_shares(rows[:4]) == {}  # too few rows to read a median from
+    totals, pre = Distribution(), Distribution()
+    totals.extend([r["total_ms"] for r in rows]), pre.extend([r["stages"]["preprocess"] for r in rows])
+    report = Report.from_distributions(totals, {"preprocess": pre}, samples=rows)
+    report.diagnosis = DoctorSection(evidence=healthy().to_dict())
+    ev = Evidence.from_report(report)
+    assert ev.stage_shares == shares and ev.p50_ms == pytest.approx(17.5)  # (the stage's p50 over it: 4.0 / 17.5 = 23%)
+    [f] = diagnose_evidence(ev).findings
+    assert f.id == "slow-preprocess" and f.evidence["share"] == shares["preprocess"] and f.saving_ms == pytest.approx(3.2)  # (80% of its p50)
+    ev.stage_shares = {"preprocess": 0.20}
+    assert diagnose_evidence(ev).findings == []  # 20% of the typical request, whatever its mean's share (28%)
 
 
 def test_cold_start_is_paid_once_not_per_request():

@@ -331,9 +331,13 @@ def slow_stages(ev: Evidence) -> list[Finding]:
         if not s or s.get("share") is None:
             continue
         share, mean, typical = s["share"], s.get("mean_ms"), s.get("p50_ms")
-        if typical is not None and ev.p50_ms:  # the typical request's share: a few slow ones (a pause, a
-            share = round(min(share, typical / ev.p50_ms), 4)  # neighbour's burst) cannot make a stage look slow
-        else:
+        # the typical request's share: a few slow ones (a pause, a neighbour's burst) can make a
+        # stage look slow, or a fast one look fast: read it from the requests one by one
+        if name in ev.stage_shares:
+            share = ev.stage_shares[name]
+        elif typical is not None and ev.p50_ms:  # (no rows: its p50 over the request's)
+            share = round(min(share, typical / ev.p50_ms), 4)
+        if typical is None:
             typical = mean
         if share < 0.25 or (typical is not None and typical < 1.0):
             continue  # (no mean: doctor --pid on requests it could not tell apart; the share is known)
