@@ -110,6 +110,25 @@ def cpu_pressure_us(path: str = "/proc/pressure/cpu") -> float | None:
     return None
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (all its threads); 0 where the OS does not say."""
+    try:
+        import resource
+    except ImportError:  # (not on Windows)
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def resident_mb(statm: str = "/proc/self/statm") -> float | None:
+    """This process's resident memory now, in MB; None where the OS does not say."""
+    try:
+        with open(statm) as f:
+            pages = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 1e6, 1)
+
+
 def _own_cpu() -> float:
     import time
 
@@ -141,8 +160,6 @@ class CpuReading:
         return max(self.MIN_S - (self._clock() - self.t0), 0.0)
 
     def since(self) -> tuple[float | None, float | None, float | None]:
-        import time
-
         wall = self._clock() - self.t0
         idle1, psi1, cpu1 = idle_cpu_seconds(), cpu_pressure_us(), _own_cpu()
         if wall <= 0:

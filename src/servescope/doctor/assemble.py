@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..allocator import allocator, malloc_setting
 from ..environment import available_cpus
 from ..openmp import openmp_loaded, wait_policy_set
 from ..recorder import Recorder
@@ -104,6 +105,8 @@ def evidence_of(run: Any) -> Evidence:
             blas_threads=blas_threads(),
             ort_threads=max((n or (os.cpu_count() or 1) for n in run.probes.ort_threads), default=None),
             omp_wait_policy=(wait_policy_set() or "default") if openmp_loaded() else None,
+            allocator=allocator(),
+            malloc_setting=malloc_setting(),
         ),
         hot_spots=hot,
         hot_spots_in_user_code={k: run.sampler.is_user_code(v) for k, v in hot.items()},

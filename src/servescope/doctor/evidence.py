@@ -127,6 +127,9 @@ class Warm:
     #: the process's CPU time over the wall time of the sequential requests: the cores one
     #: request keeps busy alone (torch's intra-op threads: more than one)
     cpu_cores_busy: float | None = None
+    #: the process's minor page faults over the sequential requests, per request: memory the
+    #: kernel mapped and zeroed afresh (glibc gives a large freed buffer back and maps it again)
+    minor_faults_per_request: float | None = None
     loads_per_request: float = 0.0
     load_ms_per_request: float | None = 0.0  # None: doctor --pid could not tell the requests apart (shares only)
     load_calls: list[str] = field(default_factory=list)
@@ -261,6 +264,10 @@ class Environment:
     #: how OpenMP's idle threads wait: the user's setting ("OMP_WAIT_POLICY=PASSIVE"), "default"
     #: (spin, then sleep), or None when no OpenMP runtime is loaded
     omp_wait_policy: str | None = None
+    #: the process's malloc ("glibc", "jemalloc", ...; None: cannot tell), and the user's own
+    #: setting of it ("MALLOC_TRIM_THRESHOLD_=...", "" for none)
+    allocator: str | None = None
+    malloc_setting: str = ""
 
 
 #: why one call for a request's items was not tried when each model object was called once a
@@ -303,6 +310,9 @@ class WhatIf:
     #: how many times the fix took effect in its blocks (a memoised call answered from memory)
     hits: int | None = None
     extra_mb: float | None = None  # memory the fixed blocks held beyond the unchanged ones
+    #: minor page faults a request, as written and with the fix (fresh processes: doctor/fresh.py)
+    base_faults_per_request: float | None = None
+    fixed_faults_per_request: float | None = None
     #: the CPUs while it ran: idle cores, cores other processes used, and the share of time a
     #: runnable task (the doctor's own included) waited for one
     cores_idle: float | None = None

@@ -28,10 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..environment import CpuReading
+from ..allocator import KEEP_FREED, keep_freed_words
+from ..environment import CpuReading, minor_faults, resident_mb
 from .evidence import TORCH_KINDS, Evidence, WhatIf
 
-__all__ = ["PASSIVE", "FreshTrials", "compare_environments", "fresh_blocks_s", "passive_called_for", "start_endpoint", "try_wait_policy"]
+__all__ = [
+    "PASSIVE", "FreshTrials", "churn_called_for", "compare_environments", "fresh_blocks_s", "passive_called_for", "start_endpoint",
+    "try_keep_freed", "try_wait_policy",
+]  # fmt: skip
 
 #: OpenMP's idle threads asleep instead of spinning (read when the OpenMP runtime loads)
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -87,16 +91,44 @@ def fresh_blocks_s(options: Any) -> float:
     return min(BLOCKS_SHARE * options.experiment_seconds, MAX_BLOCKS_S)
 
 
-def try_wait_policy(ev: Evidence, try_environment: Callable[[dict[str, str], str, float], WhatIf], options: Any) -> WhatIf | None:
-    """``OMP_WAIT_POLICY=PASSIVE`` tried by ``try_environment`` (``compare_environments`` bound to
-    the doctor's endpoint) where the evidence calls for it; None where it does not. A failure is
-    the experiment's, reported as not tried with the error, never the doctor's crash."""
-    if not passive_called_for(ev):
-        return None
+#: a page fault costs about this much (a 4-KiB page mapped and zeroed: 50-60k faults took 57-67
+#: ms of a request here); the warm requests' faults at this price must come to ``CHURN_SHARE`` of
+#: their p50, and ``CHURN_MIN_MS``, for keeping freed memory to be tried
+FAULT_MS, CHURN_SHARE, CHURN_MIN_MS = 0.001, 0.02, 1.0
+
+
+def churn_called_for(ev: Evidence) -> bool:
+    """The requests fault fresh memory in on glibc's malloc as it ships (no setting of the
+    user's, no other allocator preloaded), enough for their price to matter. Not where a model is
+    loaded per request: loading it once is the fix, and its buffers go with it."""
+    from ..rules.loads import loads_a_model
+
+    env, warm = ev.environment, ev.warm
+    if env is None or warm is None or env.allocator != "glibc" or env.malloc_setting or loads_a_model(warm):
+        return False
+    cost, p50 = (warm.minor_faults_per_request or 0.0) * FAULT_MS, warm.p50_ms or ev.p50_ms
+    return cost >= CHURN_MIN_MS and cost >= CHURN_SHARE * p50
+
+
+def _try(change: dict[str, str], words: str, try_environment: Callable[..., WhatIf], options: Any, **kw: Any) -> WhatIf:
+    """``change`` tried by ``try_environment`` (``compare_environments`` bound to the doctor's
+    endpoint). A failure is the experiment's, reported as not tried with the error, never the
+    doctor's crash."""
     try:
-        return try_environment(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", fresh_blocks_s(options))
+        return try_environment(change, words, fresh_blocks_s(options), **kw)
     except Exception as exc:  # noqa: BLE001 - reported, never our crash
-        return WhatIf(fix="OMP_WAIT_POLICY=PASSIVE", why_not=f"the experiment failed: {type(exc).__name__}: {exc}"[:300])
+        return WhatIf(fix=words, why_not=f"the experiment failed: {type(exc).__name__}: {exc}"[:300])
+
+
+def try_wait_policy(ev: Evidence, try_environment: Callable[..., WhatIf], options: Any, **kw: Any) -> WhatIf | None:
+    """``OMP_WAIT_POLICY=PASSIVE`` tried where the evidence calls for it; None where it does not."""
+    return _try(PASSIVE, "OMP_WAIT_POLICY=PASSIVE", try_environment, options, **kw) if passive_called_for(ev) else None
+
+
+def try_keep_freed(ev: Evidence, try_environment: Callable[..., WhatIf], options: Any, **kw: Any) -> WhatIf | None:
+    """glibc's malloc keeping freed memory (``KEEP_FREED``) tried where the requests fault fresh
+    memory in; None where they do not."""
+    return _try(KEEP_FREED, keep_freed_words(), try_environment, options, **kw) if churn_called_for(ev) else None
 
 
 #: Two processes starting at once take about this many times the doctor's own import of the
@@ -237,6 +269,7 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
     n = max(1, min(MAX_BLOCK, round(BLOCK_S * 1000 / max(typical, 1e-3))))
     answers: dict[str, set[str]] = {"A": set(), "B": set()}
     times: dict[str, list[float]] = {"A": [], "B": []}
+    faults, rss = {"A": 0, "B": 0}, {"A": None, "B": None}
     diffs: list[float] = []
     from .experiments.lab import paired_saving, settled
     from .live.cpu import ProcessCpu
@@ -253,6 +286,8 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
                 return out
             times[arm] += got["ms"]
             answers[arm].update(got["answers"])
+            faults[arm] += got.get("faults") or 0
+            rss[arm] = got.get("rss_mb")
             medians[arm] = statistics.median(got["ms"])
         diffs.append(medians["A"] - medians["B"])
         tick()
@@ -264,6 +299,10 @@ def _blocks(children: dict[str, _Child], out: WhatIf, timeout_s: float, budget_s
     out.base_p50_ms, out.fixed_p50_ms = round(statistics.median(times["A"]), 3), round(statistics.median(times["B"]), 3)
     out.saving_ms, out.low_ms, out.high_ms, out.coverage = round(est, 3), round(low, 3), round(high, 3), round(coverage, 3)
     out.answers = "same" if answers["A"] == answers["B"] and len(answers["A"]) == 1 else "vary from call to call: not compared"
+    out.base_faults_per_request = round(faults["A"] / len(times["A"]), 1) if times["A"] else None
+    out.fixed_faults_per_request = round(faults["B"] / len(times["B"]), 1) if times["B"] else None
+    if rss["A"] is not None and rss["B"] is not None:
+        out.extra_mb = round(rss["B"] - rss["A"], 1)
     _, others, _ = reading.since()
     fresh, _, _ = ours.since()  # (the fresh processes are the doctor's, not a neighbour)
     out.others_cores = round(max(others - (fresh or 0.0), 0.0), 2) if others is not None else None
@@ -291,7 +330,7 @@ def _answer(job: dict[str, Any], commands: Any, reply: Any) -> None:
         say(started=True)
         first = True
         for line in commands:  # (the parent closes the pipe when it is done: the loop ends)
-            ms, seen = [], set()
+            ms, seen, faults0 = [], set(), minor_faults()
             n, cap_s = line.split()
             error = ""
             cap = float(cap_s) if float(cap_s) > 0 else int(n) * job["timeout_s"]  # (0: no cap but their timeouts)
@@ -301,7 +340,8 @@ def _answer(job: dict[str, Any], commands: Any, reply: Any) -> None:
                     break
                 ms.append(round(obs.latency_ms, 3))
                 seen.add(_answer_hash(obs.answer))
-            say(**({"error": error} if error else {"ms": ms, "answers": sorted(seen)}))
+            faults = minor_faults() - faults0
+            say(**({"error": error} if error else {"ms": ms, "answers": sorted(seen), "faults": faults, "rss_mb": resident_mb()}))
             if first:  # (the start-up's first full collection, before the requests timed: as the doctor's run does)
                 first = False
                 gc.collect()

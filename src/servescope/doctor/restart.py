@@ -1,10 +1,11 @@
 """A doctor run's steps in fresh processes of the endpoint, after its own has stopped: a second
 first request (doctor/cold.py), where the first was slow with no load to explain it or where
-the requests load a model, and OpenMP's wait policy tried beside the endpoint as written
-(doctor/fresh.py), where a busy machine calls for it. Where both are due, the wait policy's
-process as written is the second first request too: its first request runs alone and its
-blocks give its p50, so one process starts where two did (beside a neighbour, an import and
-six requests of a 1-s endpoint: about 15 s).
+the requests load a model, and settings read when a process starts, tried beside the endpoint
+as written (doctor/fresh.py): OpenMP's wait policy, where a busy machine calls for it, and
+glibc's malloc keeping freed memory, where the requests fault fresh memory in. Where a second
+first request and a setting are due, the setting's process as written is the second first
+request too: its first request runs alone and its blocks give its p50, so one process starts
+where two did (beside a neighbour, an import and six requests of a 1-s endpoint: about 15 s).
 
     due = Due.of(run)           # the steps the run's evidence calls for
     due.expected_s(run, ev)     # their seconds: kept out of the experiments at concurrency
@@ -53,66 +54,80 @@ def _cold_due(run: Any) -> bool:
     return not lazy and first_request_slow(cold.latency_ms, statistics.median(ok), max(ok))
 
 
-def _policy_due(run: Any, ev: Evidence | None) -> bool:
-    """OpenMP's idle threads spinning beside a neighbour: its wait policy is read when torch
-    loads, so it is tried in fresh processes, where the evidence calls for it."""
-    from .fresh import passive_called_for
-
+def _env_trials(run: Any) -> bool:
+    """Whether the run can try a setting in fresh processes at all."""
     o = run.options
-    if run.try_environment is None or o.experiment_seconds <= 0 or run.probes_at_fault or not any(w.error is None for w in run.warm):
-        return False
-    return passive_called_for(ev if ev is not None else run._evidence())
+    return not (run.try_environment is None or o.experiment_seconds <= 0 or run.probes_at_fault or not any(w.error is None for w in run.warm))
 
 
 @dataclass
 class Due:
-    """Which fresh-process steps the run's evidence calls for."""
+    """Which fresh-process steps the run's evidence calls for: a second first request
+    (``cold``), OpenMP's wait policy (``policy``: read when torch loads) and glibc's malloc
+    keeping freed memory (``churn``: read when the process starts)."""
 
     cold: bool = False
     policy: bool = False
+    churn: bool = False
 
     @classmethod
     def of(cls, run: Any, ev: Evidence | None = None) -> "Due":
-        return cls(cold=_cold_due(run), policy=_policy_due(run, ev))
+        from .fresh import churn_called_for, passive_called_for
+
+        if not _env_trials(run):
+            return cls(cold=_cold_due(run))
+        ev = ev if ev is not None else run._evidence()
+        return cls(cold=_cold_due(run), policy=passive_called_for(ev), churn=churn_called_for(ev))
 
     @property
     def together(self) -> bool:
-        return self.cold and self.policy
+        """The second first request rides on the first setting tried: its process as written."""
+        return self.cold and (self.policy or self.churn)
 
     def expected_s(self, run: Any, ev: Evidence) -> float:
         """What the fresh processes will take: the second first request's where the requests
-        load a model (the target's import, then its six requests), and trying OpenMP's policy
-        (both processes' start, the blocks) where it will be tried; the first with the second
-        where both are."""
+        load a model (the target's import, then its six requests), and each setting tried (both
+        processes' start, the blocks); the first with the second where both are."""
         p50_ms = (ev.warm.p50_ms or 0.0) if ev.warm is not None else 0.0
         expected = getattr(run.try_environment, "expected_s", None)
-        policy = expected(p50_ms, first_alone=self.together) if self.policy and expected is not None else 0.0
+        tries = [self.together] + ([False] if self.policy and self.churn else []) if self.policy or self.churn else []
+        settings = sum(expected(p50_ms, first_alone=first) for first in tries) if expected is not None else 0.0
         repeat = 0.0
         if self.cold and not self.together and ev.warm is not None and loads_go_fresh(run, ev.warm):
             repeat = (run.import_s or FRESH_IMPORT_S) + (WARM_AFTER + 1) * p50_ms / 1000
-        return repeat + policy
+        return repeat + settings
+
+
+#: each setting a run may try in fresh processes: its experiment's name, what the run says it
+#: is doing, and which ``Due`` flag calls for it
+_SETTINGS = (("omp-passive", "OpenMP's wait policy", "policy"), ("keep-freed-memory", "glibc's malloc keeping freed memory", "churn"))
 
 
 def run_fresh(run: Any, due: Due) -> None:
-    """The steps ``due`` names, each on a thread while the parent hears from the run (a fresh
-    process starting can take a while); a step that raises leaves its result None."""
-    from .fresh import try_wait_policy
+    """The steps ``due`` names, one after the other, each on a thread while the parent hears
+    from the run (a fresh process starting can take a while); a step that raises leaves its
+    result None. The first setting tried also times the second first request where both are due."""
+    from .fresh import try_keep_freed, try_wait_policy
 
     if due.cold and not due.together:
         run.repeated_cold = _in_background(run, "a second first request, in a fresh process", run.repeat_cold)
-    if not due.policy:
-        return
-    ev, trials, o = run._evidence(), run.try_environment, run.options
-    if due.together:
-        tries, phase = (lambda change, words, budget_s: trials(change, words, budget_s, first_alone=True)), "a second first request and OpenMP's wait policy, in two fresh processes"
-    else:
-        tries, phase = trials, "OpenMP's wait policy, in two fresh processes"
-    w = _in_background(run, phase, lambda: try_wait_policy(ev, tries, o))
-    if w is None:
-        return
-    run.experiments["omp-passive"] = w
-    if due.together:
-        run.repeated_cold = (w.base_first_ms, w.base_p50_ms if w.tried else None, None if w.base_first_ms is not None else w.why_not or "no answer")
+    tries = {"omp-passive": try_wait_policy, "keep-freed-memory": try_keep_freed}
+    carry_cold = due.together
+    for name, words, flag in _SETTINGS:
+        if not getattr(due, flag):
+            continue
+        ev, trials, o, first = run._evidence(), run.try_environment, run.options, carry_cold
+        phase = ("a second first request and " if first else "") + f"{words}, in two fresh processes"
+        def attempt(name: str = name, ev: Evidence = ev, first: bool = first) -> Any:
+            return tries[name](ev, trials, o, **({"first_alone": True} if first else {}))
+
+        w = _in_background(run, phase, attempt)
+        carry_cold = False
+        if w is None:
+            continue
+        run.experiments[name] = w
+        if first:
+            run.repeated_cold = (w.base_first_ms, w.base_p50_ms if w.tried else None, None if w.base_first_ms is not None else w.why_not or "no answer")
 
 
 def _in_background(run: Any, phase: str, work: Callable[[], Any]) -> Any:

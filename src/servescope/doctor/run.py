@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..environment import CpuReading, available_cpus, helper_cpu_seconds, idle_cpu_seconds
+from ..environment import CpuReading, available_cpus, helper_cpu_seconds, idle_cpu_seconds, minor_faults
 from ..exceptions import EndpointError
 from ..report import Report
 from ..sections import Verdict  # (importable from here as before)
@@ -93,6 +93,7 @@ class _Run:
         self.conc_elapsed = 0.0
         self.concurrent_extra: dict[str, Any] = {}
         self.served: dict[str, float | None] = {}  # the concurrent load without probes or sampler
+        self.warm_faults: float | None = None  # the process's minor page faults a sequential request
         self.warm_cores: float | None = None  # the process's cores over the sequential requests
         self.probe: BatchProbe | None = None
         self.missing: dict[str, str] = {}
@@ -117,7 +118,7 @@ class _Run:
         measured, never cut off and called failed. A request that times out ends the phase
         (the next ones would only queue behind it)."""
         o, out = self.options, []
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        faults0, cpu0, t0 = minor_faults(), time.process_time(), time.perf_counter()
         deadline = t0 + budget_s
         for i in range(o.requests):
             if i >= MIN_OK_REQUESTS and time.perf_counter() > deadline:
@@ -130,11 +131,13 @@ class _Run:
                 break
         wall = time.perf_counter() - t0
         self.warm_cores = round((time.process_time() - cpu0) / wall, 2) if wall > 0 else None
+        self.warm_faults = round((minor_faults() - faults0) / len(out), 1) if out else None
         return out
 
     def _warm_evidence(self) -> Warm:
         warm = warm_of(self.warm, self.data_keys)
         warm.cpu_cores_busy = self.warm_cores
+        warm.minor_faults_per_request = self.warm_faults
         return warm
 
     def execute(self) -> None:
@@ -400,9 +403,9 @@ class _Run:
             # (what a block at c=N takes without the probes, as the fixes' blocks run)
             rps = (ev.concurrent.served_rps or ev.concurrent.throughput_rps) if ev.concurrent is not None else None
         elif self.try_environment is not None:  # (the fresh processes' blocks come out of the same time)
-            from .fresh import fresh_blocks_s, passive_called_for
+            from .fresh import churn_called_for, fresh_blocks_s, passive_called_for
 
-            budget -= fresh_blocks_s(o) if passive_called_for(ev) else 0.0
+            budget -= fresh_blocks_s(o) * (passive_called_for(ev) + churn_called_for(ev))
         lab = Lab(self.endpoint, self.body, timeout_s=o.timeout_s, budget_s=budget, tick=lambda phase: self.tick(phase, 0.5), base=self.lab_base,
                   concurrent_rps=rps, short=short)  # fmt: skip
         self.tick("trying fixes", 0.0)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..doctor.evidence import Evidence, MissingEvidence
 from ..report import Finding, Report
-from . import causes, concurrency, generation, items, loads, openmp, threads
+from . import causes, concurrency, generation, items, loads, memory, openmp, threads
 from .savings import _served_p50, p50_at_loads, severity  # noqa: F401 - (importable from here as before)
 
 Rule = Callable[[Evidence], list[Finding]]
@@ -39,6 +39,7 @@ RULES: dict[str, Rule] = {
     "gil-contention": concurrency.gil_contention,
     "thread-oversubscription": threads.thread_oversubscription,
     "openmp-spin-wait": openmp.openmp_spin_wait,
+    "memory-churn": memory.memory_churn,
 }
 
 
