@@ -17,8 +17,8 @@ nothing else. For each case:
 - printed: the ratio doctor / realized (target 0.7-1.3), and the same ratio of the savings as
   shares of the unchanged endpoint's p50 (which a slower machine scales alike).
 `--neighbour` keeps one core busy with another process for the whole run (a busy machine).
-A case whose fix is a setting read when a library loads (`fixed_env`: OpenMP's wait policy)
-has no twin file: its twin is the same file served with that setting; a cause only a busy
+A case whose fix is a setting read when a library loads or a process starts (`fixed_env`:
+OpenMP's wait policy, glibc's malloc thresholds) has no twin file: its twin is the same file served with that setting; a cause only a busy
 machine has (`quiet_too=False`) runs only with `--neighbour` (or by name with `--only`).
 """
 
@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _servers import free_port, neighbour, run_alone, stop_group  # bench/ is on the path: run as a script
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from servescope.allocator import KEEP_FREED  # noqa: E402  (glibc's thresholds: long_docs' twin)
 
 HERE = Path(__file__).resolve().parent
 CASES_DIR = HERE / "savings"
@@ -73,13 +76,22 @@ class Case:
 #: the doctor's experiment that measures each cause's fix
 EXPERIMENT = {"model-load-per-request": "memoise-loaders", "repeated-work": "memoise-repeated", "padding-waste": "trim-padding",
               "grad-enabled": "inference-mode", "event-loop-blocked": "off-the-loop", "no-batching": "batching",
-              "openmp-spin-wait": "omp-passive", "per-item-calls": "batch-items"}  # fmt: skip
+              "openmp-spin-wait": "omp-passive", "per-item-calls": "batch-items", "memory-churn": "keep-freed-memory"}  # fmt: skip
 
 #: a request's titles, of 4 to 14 words: embedded one at a time by per_item.py
 TITLES = ["wireless noise cancelling headphones with long battery", "stainless steel water bottle", "usb c charging cable braided two metres long",
           "ergonomic office chair with lumbar support and armrests", "cast iron skillet", "mechanical keyboard with brown switches and a wrist rest",
           "kids waterproof rain jacket", "portable bluetooth speaker for outdoor parties by the pool with friends", "ceramic coffee mug",
           "running shoes for trail and road with extra cushioning for long distances", "desk lamp", "hiking backpack thirty litres"]  # fmt: skip
+
+
+#: help-centre articles of about 250 tokens each: embedded by long_docs.py
+ARTICLES = [
+    " ".join(f"{topic} step {i}: open the {part} settings, check the {part} status and contact support if the {part} still fails."
+             for i in range(12))
+    for topic, part in (("billing", "payment"), ("shipping", "delivery"), ("accounts", "login"), ("returns", "refund"),
+                        ("devices", "battery"), ("privacy", "data"), ("orders", "invoice"), ("security", "password"))
+]  # fmt: skip
 
 
 def cases() -> list[Case]:
@@ -104,6 +116,8 @@ def cases() -> list[Case]:
         Case("stream_on_loop", "event-loop-blocked", "/generate", {"prompt": "once upon a time", "max_tokens": 24}, concurrency=8, streamed=True),
         # the same endpoint as the first, its twin served with OpenMP's idle threads asleep
         Case("built_per_request:spin", "openmp-spin-wait", "/predict", image_payload(), fixed_env={"OMP_WAIT_POLICY": "PASSIVE"}, quiet_too=False),
+        # written well; its twin is the same file with glibc's malloc keeping freed memory
+        Case("long_docs:churn", "memory-churn", "/embed", {"docs": ARTICLES}, fixed_env=KEEP_FREED),
     ]
 
 
