@@ -18,8 +18,9 @@ nothing else. For each case:
   shares of the unchanged endpoint's p50 (which a slower machine scales alike).
 `--neighbour` keeps one core busy with another process for the whole run (a busy machine).
 A case whose fix is a setting read when a library loads or a process starts (`fixed_env`:
-OpenMP's wait policy, glibc's malloc thresholds) has no twin file: its twin is the same file served with that setting; a cause only a busy
-machine has (`quiet_too=False`) runs only with `--neighbour` (or by name with `--only`).
+OpenMP's wait policy, glibc's malloc thresholds) has no twin file: its twin is the same file
+served with that setting; a cause only a busy machine has (`quiet_too=False`) runs only with
+`--neighbour` (or by name with `--only`).
 """
 
 from __future__ import annotations
