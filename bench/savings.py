@@ -42,7 +42,7 @@ from pathlib import Path
 from _servers import free_port, neighbour, run_alone, stop_group  # bench/ is on the path: run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from servescope.allocator import KEEP_FREED  # noqa: E402  (glibc's thresholds: long_docs' twin)
+from servescope.allocator import KEEP_FREED  # noqa: E402  (glibc's thresholds: image_features' twin)
 
 HERE = Path(__file__).resolve().parent
 CASES_DIR = HERE / "savings"
@@ -86,15 +86,6 @@ TITLES = ["wireless noise cancelling headphones with long battery", "stainless s
           "running shoes for trail and road with extra cushioning for long distances", "desk lamp", "hiking backpack thirty litres"]  # fmt: skip
 
 
-#: help-centre articles of about 250 tokens each: embedded by long_docs.py
-ARTICLES = [
-    " ".join(f"{topic} step {i}: open the {part} settings, check the {part} status and contact support if the {part} still fails."
-             for i in range(12))
-    for topic, part in (("billing", "payment"), ("shipping", "delivery"), ("accounts", "login"), ("returns", "refund"),
-                        ("devices", "battery"), ("privacy", "data"), ("orders", "invoice"), ("security", "password"))
-]  # fmt: skip
-
-
 def cases() -> list[Case]:
     sys.path.insert(0, str(CASES_DIR))
     from _common import image_payload
@@ -118,7 +109,7 @@ def cases() -> list[Case]:
         # the same endpoint as the first, its twin served with OpenMP's idle threads asleep
         Case("built_per_request:spin", "openmp-spin-wait", "/predict", image_payload(), fixed_env={"OMP_WAIT_POLICY": "PASSIVE"}, quiet_too=False),
         # written well; its twin is the same file with glibc's malloc keeping freed memory
-        Case("long_docs:churn", "memory-churn", "/embed", {"docs": ARTICLES}, fixed_env=KEEP_FREED),
+        Case("image_features:churn", "memory-churn", "/features", image_payload(), fixed_env=KEEP_FREED),
     ]
 
 

@@ -62,6 +62,8 @@ def test_an_image_sent_as_base64_is_varied_in_its_pixels_not_its_text():
     varied = vary({"audio": audio, "text": "hi"})
     assert varied["text"] == "hi and more" and varied["audio"] != audio and len(varied["audio"]) == len(audio)
     assert len(base64.b64decode(varied["audio"])) == 204  # it still decodes
+    article = " ".join(["open the payment settings and check the status."] * 30)  # cut at 256 tokens: changed at its start too
+    assert vary(article) == "More: " + article + " and more"
     protein = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQ"  # only looks like base64
     assert vary(protein) != protein and len(vary(protein)) == len(protein)
 

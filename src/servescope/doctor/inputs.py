@@ -278,10 +278,17 @@ _B64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
 
 
+#: text this long may be cut by a tokenizer's ``truncation=True`` (256 tokens are about 1,000
+#: characters of English; short limits are common): varied at its start as well as its end
+LONG_TEXT = 200
+
+
 def _vary_text(s: str) -> str:
     head, sep, body = s.partition(",") if s.startswith("data:") and ";base64," in s[:64] else ("", "", s)
     if len(body) < 64 or not _B64.issuperset(body[:4096].encode("ascii", "replace")):
-        return s + " and more"  # text
+        # text; a long one is changed at its start too: a tokenizer that truncates keeps the start,
+        # and a model input that did not change would make its call look repeated
+        return ("More: " if len(s) >= LONG_TEXT else "") + s + " and more"
     import base64
     import binascii
 
