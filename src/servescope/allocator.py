@@ -6,7 +6,7 @@ large buffers are freed) with a fresh mapping, and gives the top of its heap bac
 when more than its trim threshold is free. An endpoint whose forward makes buffers of tens of
 MB (a transformer's activations at a long length, an image batch) can then have every request
 map and zero its memory again: a MiniLM router at 6 x 256 tokens took 50-60k minor page faults
-a request under uvicorn, 245 ms against 186 ms with both thresholds set (docs/benchmarks.md).
+a request under uvicorn, 245 ms against 186 ms with glibc told to keep them (docs/benchmarks.md).
 
     allocator()          # "glibc", "jemalloc", "tcmalloc", "mimalloc", or None (cannot tell)
     malloc_setting()     # the user's own setting ("MALLOC_TRIM_THRESHOLD_=..."), or ""
@@ -20,8 +20,11 @@ import platform
 __all__ = ["KEEP_FREED", "allocator", "keep_freed_words", "malloc_setting"]
 
 #: glibc keeps freed memory for the next request: buffers up to 32 MiB (the largest threshold
-#: it accepts) from its heap, not fresh mappings, and up to 1 GiB of free heap kept, not trimmed
-KEEP_FREED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+#: it accepts) from its heap, not fresh mappings; up to 1 GiB of free heap kept, not trimmed; and
+#: a pad of 64 MiB (a thread's heap's size), without which a thread's emptied heap is unmapped
+#: whatever the trim threshold (a `def` route runs on a pool's thread: its MiniLM-sized maps
+#: faulted 25k pages a request with the two thresholds alone, 51 with the pad)
+KEEP_FREED = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30), "MALLOC_TOP_PAD_": str(64 * 2**20)}
 #: a user's setting of glibc's malloc, or an allocator preloaded in its place
 _KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 _OTHERS = ("jemalloc", "tcmalloc", "mimalloc")

@@ -3,7 +3,7 @@
 glibc's malloc gives a large freed buffer back to the kernel (a fresh mapping above its mmap
 threshold; the top of its heap above its trim threshold), and the next request's buffer is
 mapped and zeroed again: a page fault per 4 KiB. A MiniLM router at 6 x 256 tokens took 50-60k
-faults a request under uvicorn: 245 ms as written, 186 ms with both thresholds set
+faults a request under uvicorn: 245 ms as written, 187 ms with glibc told to keep them
 (docs/benchmarks.md). The thresholds are read when the process starts, so the doctor tries them
 in fresh processes of the endpoint and names the cause only when it measured it.
 """
