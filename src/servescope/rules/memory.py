@@ -62,6 +62,11 @@ def memory_churn(ev: Evidence) -> list[Finding]:
         f"In a fresh process as written each request took {faults:,.0f} minor page faults (about {faults * PAGE_KB / 1024:,.0f} MB "
         f"mapped and zeroed), {left:,.0f} with the fix. "
     )
+    detail += (
+        "How many pages a request faults as written depends on the process's heap (what it imported and allocated "
+        "before): the same endpoint can fault half or twice as many in another process (your server's imports are not "
+        "the doctor's), so your server may save more or less than here; the fix removes them either way. "
+    )
     if w.extra_mb is not None:
         evidence["extra_mb"] = w.extra_mb
         detail += f"The price: the process keeps its freed memory ({w.extra_mb:+.0f} MB resident against the process as written). "
