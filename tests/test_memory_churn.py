@@ -137,3 +137,20 @@ def test_the_run_tries_each_setting_due_and_the_first_carries_the_second_first_r
     run_fresh(run, Due(cold=True, policy=True, churn=True))
     assert run.try_environment.asked == [("OMP_WAIT_POLICY", True), ("MALLOC_MMAP_THRESHOLD_", False)]
     assert set(run.experiments) == {"omp-passive", "keep-freed-memory"}
+
+
+def test_a_second_first_request_whose_process_failed_to_start_says_why():
+    from servescope.doctor.restart import Due, run_fresh
+
+    def broken(change, words, budget_s, first_alone=False):
+        raise RuntimeError("no fresh process today")  # (what _try reports; here it escapes to the thread)
+
+    cold_asked = []
+    run = SimpleNamespace(repeat_cold=lambda: cold_asked.append(1) or (1.0, 2.0, None), probes_at_fault=None, import_s=3.0,
+                          try_environment=broken, options=DoctorOptions(), experiments={}, repeated_cold=None, tick=lambda *a: None,
+                          _evidence=churning)  # fmt: skip
+    run_fresh(run, Due(cold=True, churn=True))
+    # the setting's try is reported as not tried, with why; its process gave no first request
+    assert "no fresh process today" in run.experiments["keep-freed-memory"].why_not
+    assert run.repeated_cold == (None, None, run.experiments["keep-freed-memory"].why_not) and cold_asked == []
+

@@ -90,8 +90,8 @@ class Due:
         processes' start, the blocks); the first with the second where both are."""
         p50_ms = (ev.warm.p50_ms or 0.0) if ev.warm is not None else 0.0
         expected = getattr(run.try_environment, "expected_s", None)
-        tries = [self.together] + ([False] if self.policy and self.churn else []) if self.policy or self.churn else []
-        settings = sum(expected(p50_ms, first_alone=first) for first in tries) if expected is not None else 0.0
+        firsts = [self.together] + [False] * (self.policy + self.churn - 1) if self.policy or self.churn else []
+        settings = sum(expected(p50_ms, first_alone=first) for first in firsts) if expected is not None else 0.0
         repeat = 0.0
         if self.cold and not self.together and ev.warm is not None and loads_go_fresh(run, ev.warm):
             repeat = (run.import_s or FRESH_IMPORT_S) + (WARM_AFTER + 1) * p50_ms / 1000
@@ -106,28 +106,31 @@ _SETTINGS = (("omp-passive", "OpenMP's wait policy", "policy"), ("keep-freed-mem
 def run_fresh(run: Any, due: Due) -> None:
     """The steps ``due`` names, one after the other, each on a thread while the parent hears
     from the run (a fresh process starting can take a while); a step that raises leaves its
-    result None. The first setting tried also times the second first request where both are due."""
+    result None. The first setting tried also times the second first request where both are
+    due (alone, where that setting's processes gave no answer)."""
     from .fresh import try_keep_freed, try_wait_policy
 
-    if due.cold and not due.together:
-        run.repeated_cold = _in_background(run, "a second first request, in a fresh process", run.repeat_cold)
     tries = {"omp-passive": try_wait_policy, "keep-freed-memory": try_keep_freed}
-    carry_cold = due.together
+    carry_cold, carried = due.together, False
     for name, words, flag in _SETTINGS:
         if not getattr(due, flag):
             continue
         ev, trials, o, first = run._evidence(), run.try_environment, run.options, carry_cold
+        carry_cold = False
         phase = ("a second first request and " if first else "") + f"{words}, in two fresh processes"
+
         def attempt(name: str = name, ev: Evidence = ev, first: bool = first) -> Any:
             return tries[name](ev, trials, o, **({"first_alone": True} if first else {}))
 
         w = _in_background(run, phase, attempt)
-        carry_cold = False
         if w is None:
             continue
         run.experiments[name] = w
         if first:
+            carried = True
             run.repeated_cold = (w.base_first_ms, w.base_p50_ms if w.tried else None, None if w.base_first_ms is not None else w.why_not or "no answer")
+    if due.cold and not carried:
+        run.repeated_cold = _in_background(run, "a second first request, in a fresh process", run.repeat_cold)
 
 
 def _in_background(run: Any, phase: str, work: Callable[[], Any]) -> Any:
