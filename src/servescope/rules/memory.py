@@ -64,8 +64,8 @@ def memory_churn(ev: Evidence) -> list[Finding]:
     )
     detail += (
         "How many pages a request faults as written depends on the process's heap (what it imported and allocated "
-        "before): the same endpoint can fault half or twice as many in another process (your server's imports are not "
-        "the doctor's), so your server may save more or less than here; the fix removes them either way. "
+        "before): the same endpoint can fault several times more or fewer in another process (your server's imports "
+        "are not the doctor's), so your server may save more or less than here; the fix removes them either way. "
     )
     if w.extra_mb is not None:
         evidence["extra_mb"] = w.extra_mb
