@@ -10,12 +10,11 @@ in fresh processes of the endpoint and names the cause only when it measured it.
 
 from __future__ import annotations
 
-from ..allocator import KEEP_FREED
-from ..doctor.evidence import Evidence, MissingEvidence
-from ..doctor.experiments.lab import INTERVAL_COVERAGE
+from ..allocator import keep_freed_words
+from ..doctor.evidence import Evidence
 from ..doctor.fresh import churn_called_for
 from ..report import Finding
-from .savings import measured_or_estimated
+from .savings import fresh_gain, measured_or_estimated
 
 __all__ = ["memory_churn"]
 
@@ -23,7 +22,7 @@ __all__ = ["memory_churn"]
 #: or more, and the faults must be what it removed (the fixed process faulting at most
 #: ``FAULTS_LEFT`` of the as-written one's a request): two processes of one endpoint can differ
 #: by a few percent by their history alone
-CHURN_SAVING_SHARE, FAULTS_LEFT, MIN_COVERAGE = 0.05, 0.5, INTERVAL_COVERAGE
+CHURN_SAVING_SHARE, FAULTS_LEFT = 0.05, 0.5
 #: its load: one caller, in a fresh process (its own budget: not the doctor's process's p50)
 LOAD = "c=1, fresh process"
 PAGE_KB = 4
@@ -31,7 +30,7 @@ PAGE_KB = 4
 FIX = (
     "# glibc's malloc keeps large freed buffers for the next request instead of handing them back to\n"
     "# the kernel (set in the server's environment, before it starts; ENV lines in a Dockerfile):\n"
-    + " ".join(f"{k}={v}" for k, v in KEEP_FREED.items()) + " uvicorn app:app ...\n"
+    + keep_freed_words() + " uvicorn app:app ...\n"
     "# (or preload jemalloc or tcmalloc: LD_PRELOAD=libjemalloc.so.2; not measured here)"
 )
 
@@ -39,16 +38,14 @@ FIX = (
 def memory_churn(ev: Evidence) -> list[Finding]:
     if not churn_called_for(ev):
         return []
-    w = ev.experiments.get("keep-freed-memory")
-    if w is None or not w.tried or w.saving_ms is None:
-        why = w.why_not if w is not None and w.why_not else (
-            "glibc's malloc reads its thresholds when the process starts, so trying them needs fresh processes of the "
-            "endpoint: run servescope doctor FILE:app"
-        )
-        raise MissingEvidence(f"the requests fault fresh memory in; keeping freed memory not tried: {why}")
-    base, faults, left = w.base_p50_ms or 0.0, w.base_faults_per_request or 0.0, w.fixed_faults_per_request
-    if (w.low_ms or 0.0) <= 0 or (w.coverage or 0.0) < MIN_COVERAGE or w.saving_ms < CHURN_SAVING_SHARE * base:
+    w = fresh_gain(
+        ev, "keep-freed-memory", CHURN_SAVING_SHARE, cause="the requests fault fresh memory in; keeping freed memory not tried",
+        untried="glibc's malloc reads its thresholds when the process starts, so trying them needs fresh processes of the endpoint: "
+        "run servescope doctor FILE:app",
+    )  # fmt: skip
+    if w is None:
         return []
+    base, faults, left = w.base_p50_ms or 0.0, w.base_faults_per_request or 0.0, w.fixed_faults_per_request
     if left is None or faults <= 0 or left > FAULTS_LEFT * faults:
         return []  # (faster, but not by faulting less: not this cause)
     saving = measured_or_estimated(ev, "keep-freed-memory", estimate_ms=None, estimated_from="", p50_ms=base)
@@ -61,8 +58,6 @@ def memory_churn(ev: Evidence) -> list[Finding]:
     detail = (
         f"In a fresh process as written each request took {faults:,.0f} minor page faults (about {faults * PAGE_KB / 1024:,.0f} MB "
         f"mapped and zeroed), {left:,.0f} with the fix. "
-    )
-    detail += (
         "How many pages a request faults as written depends on the process's heap (what it imported and allocated "
         "before): the same endpoint can fault several times more or fewer in another process (your server's imports "
         "are not the doctor's), so your server may save more or less than here; the fix removes them either way. "

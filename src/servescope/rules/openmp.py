@@ -10,11 +10,10 @@ doctor tries it in fresh processes of the endpoint and names the cause only when
 
 from __future__ import annotations
 
-from ..doctor.evidence import Evidence, MissingEvidence
-from ..doctor.experiments.lab import INTERVAL_COVERAGE
+from ..doctor.evidence import Evidence
 from ..doctor.fresh import passive_called_for
 from ..report import Finding
-from .savings import measured_or_estimated
+from .savings import fresh_gain, measured_or_estimated
 
 __all__ = ["openmp_spin_wait"]
 
@@ -23,7 +22,7 @@ __all__ = ["openmp_spin_wait"]
 #: differ by their threads' history alone (a few tens of percent on a busy machine: the blocks'
 #: interval cannot see that), so only a larger gain is the policy's; spinning beside a
 #: neighbour costs several-fold (docs/benchmarks.md)
-SPIN_SHARE, MIN_COVERAGE = 0.25, INTERVAL_COVERAGE
+SPIN_SHARE = 0.25
 #: the load its saving holds at: one caller, in a fresh process (not the doctor's own, whose
 #: threads' history differs: the saving does not share the in-process p50's budget)
 LOAD = "c=1, fresh process"
@@ -38,16 +37,13 @@ FIX = (
 def openmp_spin_wait(ev: Evidence) -> list[Finding]:
     if not passive_called_for(ev):
         return []
-    w = ev.experiments.get("omp-passive")
-    if w is None or not w.tried or w.saving_ms is None:
-        why = w.why_not if w is not None and w.why_not else (
-            "OMP_WAIT_POLICY is read when torch loads, so trying it needs fresh processes of the endpoint: "
-            "run servescope doctor FILE:app"
-        )
-        raise MissingEvidence(f"torch's OpenMP threads may spin beside the neighbour; OMP_WAIT_POLICY=PASSIVE not tried: {why}")
-    base = w.base_p50_ms or 0.0
-    if (w.low_ms or 0.0) <= 0 or (w.coverage or 0.0) < MIN_COVERAGE or w.saving_ms < SPIN_SHARE * base:
+    w = fresh_gain(
+        ev, "omp-passive", SPIN_SHARE, cause="torch's OpenMP threads may spin beside the neighbour; OMP_WAIT_POLICY=PASSIVE not tried",
+        untried="OMP_WAIT_POLICY is read when torch loads, so trying it needs fresh processes of the endpoint: run servescope doctor FILE:app",
+    )  # fmt: skip
+    if w is None:
         return []
+    base = w.base_p50_ms or 0.0
     saving = measured_or_estimated(ev, "omp-passive", estimate_ms=None, estimated_from="", p50_ms=base)
     saving.load = LOAD
     env = ev.environment

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..doctor.evidence import Evidence, WhatIf
+from ..doctor.evidence import Evidence, MissingEvidence, WhatIf
 
-__all__ = ["BUSY_CORES", "SPEED_MOVED", "Saving", "measured_or_estimated", "severity"]
+__all__ = ["BUSY_CORES", "SPEED_MOVED", "Saving", "fresh_gain", "measured_or_estimated", "severity"]
 
 #: Other processes using this many cores or more make the machine busy (doctor/run.py).
 BUSY_CORES = 0.5
@@ -209,3 +209,20 @@ def _served_p50(ev: Evidence, concurrency: int, measure: str) -> float | None:
         w.base_p50_ms for w in ev.experiments.values() if w.tried and w.concurrency == concurrency and w.measure == measure and w.base_p50_ms
     )  # fmt: skip
     return bases[len(bases) // 2] if bases else None
+
+
+def fresh_gain(ev: Evidence, experiment: str, share: float, *, cause: str, untried: str) -> WhatIf | None:
+    """The setting ``experiment`` tried in fresh processes (doctor/fresh.py), where it gained
+    enough to name its cause: ``share`` of the process as written's p50 or more, its interval
+    above zero at 90% or more (two processes of one endpoint differ a little by their history
+    alone); None where it gained less. Not tried: ``MissingEvidence`` saying ``cause`` and why
+    (the run's reason, else ``untried``)."""
+    from ..doctor.experiments.lab import INTERVAL_COVERAGE
+
+    w = ev.experiments.get(experiment)
+    if w is None or not w.tried or w.saving_ms is None:
+        raise MissingEvidence(f"{cause}: {w.why_not if w is not None and w.why_not else untried}")
+    if (w.low_ms or 0.0) <= 0 or (w.coverage or 0.0) < INTERVAL_COVERAGE or w.saving_ms < share * (w.base_p50_ms or 0.0):
+        return None
+    return w
+
